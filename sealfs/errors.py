@@ -1,0 +1,90 @@
+"""The one small tree of exceptions that every layer raises.
+
+Errors become errno values only in the FUSE adapter and exit codes only in the
+CLI; below those boundaries code raises these types. Every message is a single
+line that names the problem and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class SealfsError(Exception):
+    """Root of every error sealfs raises on purpose."""
+
+
+class FormatError(SealfsError):
+    """Bytes that do not parse as the object they claim to be."""
+
+
+class UnsupportedVersionError(FormatError):
+    """An object written by a format version this build does not read."""
+
+
+class IntegrityError(SealfsError):
+    """Authentication failed: the object was tampered with, swapped or corrupted."""
+
+
+class WrongKeyError(SealfsError):
+    """No keyslot opened with the secret that was given."""
+
+
+class WeakKdfError(SealfsError):
+    """KDF parameters below the minimum sealfs accepts (possibly lowered by an attacker)."""
+
+
+class NotAVolumeError(SealfsError):
+    """The store holds no sealfs volume header."""
+
+
+class VolumeExistsError(SealfsError):
+    """init was asked to create a volume where one already exists."""
+
+
+class ConfigError(SealfsError):
+    """A bad option, URL or setting given by the user."""
+
+
+class WriterConflictError(SealfsError):
+    """Another writer holds the volume (named in the message)."""
+
+
+class FencedError(SealfsError):
+    """This writer lost the generation race: another writer committed first."""
+
+
+class StoreError(SealfsError):
+    """A store operation failed."""
+
+
+class ObjectNotFoundError(StoreError):
+    """The named object does not exist in the store."""
+
+
+class ObjectExistsError(StoreError):
+    """A create-if-absent found the object already there."""
+
+
+class PreconditionFailedError(StoreError):
+    """A replace-if-match found a different version of the object."""
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying (timeout, throttling, connection reset, 5xx)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store stayed unreachable after retrying for the configured limit."""
+
+
+class NoSpaceError(StoreError):
+    """The disk under a local store or cache is full."""
+
+
+class FsError(SealfsError):
+    """A POSIX-level failure of a filesystem operation, carrying its errno."""
+
+    def __init__(self, errno: int, message: str | None = None) -> None:
+        self.errno = errno
+        super().__init__(message or _errno.errorcode.get(errno, str(errno)))

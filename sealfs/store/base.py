@@ -1,0 +1,91 @@
+"""The ObjectStore protocol every backend implements, and object-name rules.
+
+Stores are synchronous and blocking: the volume engine calls them from worker
+threads (trio.to_thread) so that a slow disk or network never stalls the FUSE
+event loop. Implementations must be safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from sealfs.errors import ConfigError
+
+# Names are a fixed, small alphabet so that every backend (POSIX paths, S3
+# keys) can hold them verbatim and so that no name can escape the store root.
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
+MAX_NAME_LENGTH = 200
+
+
+def validate_name(name: str) -> str:
+    """Return name unchanged, or raise ConfigError if it is not a valid object name."""
+    if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name) or ".." in name:
+        raise ConfigError(f"invalid object name {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store can say about one object without reading it."""
+
+    name: str
+    size: int
+    etag: str
+
+
+class ObjectStore(Protocol):
+    """A flat namespace of immutable-by-convention objects.
+
+    Every method may raise TransientStoreError (worth retrying),
+    StoreUnavailableError, NoSpaceError or another StoreError. None of them
+    retries: the RetryingStore wrapper decides that, in one place.
+    """
+
+    def get(self, name: str) -> bytes:
+        """Return the whole object. Raises ObjectNotFoundError."""
+        ...
+
+    def stat(self, name: str) -> ObjectInfo:
+        """Return size and etag. Raises ObjectNotFoundError."""
+        ...
+
+    def put(self, name: str, data: bytes) -> None:
+        """Create or replace the object atomically: readers see old or new, never a mix."""
+        ...
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        """Create the object only if no object has that name. Raises ObjectExistsError.
+
+        This is the generation race: of two writers, exactly one succeeds.
+        """
+        ...
+
+    def put_if_match(self, name: str, data: bytes, etag: str) -> None:
+        """Replace the object only if its current etag is etag. Raises PreconditionFailedError."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete the object; deleting a missing object is not an error."""
+        ...
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        """All names that start with prefix and sort after start_after, in sorted order."""
+        ...
+
+    def sync(self) -> None:
+        """Make every earlier put durable (a local store syncs its file system; S3 is a no-op).
+
+        The engine calls this after uploading chunks and before creating the log
+        segment that refers to them, and again after the segment.
+        """
+        ...
+
+    def describe(self) -> str:
+        """A short human description for messages (never includes credentials)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and file descriptors."""
+        ...
