@@ -3,3 +3,16 @@
 A store knows nothing of crypto, keys or the volume format. It moves bytes
 under names and reports typed errors from sealfs.errors.
 """
+
+from sealfs.store.base import ObjectInfo, ObjectStore, validate_name, validate_prefix
+from sealfs.store.url import is_local_url, local_path, open_store
+
+__all__ = [
+    "ObjectInfo",
+    "ObjectStore",
+    "is_local_url",
+    "local_path",
+    "open_store",
+    "validate_name",
+    "validate_prefix",
+]

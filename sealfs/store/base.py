@@ -7,6 +7,7 @@ event loop. Implementations must be safe to call from several threads at once.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,25 @@ def validate_name(name: str) -> str:
     if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name) or ".." in name:
         raise ConfigError(f"invalid object name {name!r}")
     return name
+
+
+# A list prefix is a name cut anywhere: same alphabet, may be empty or end in "/".
+_PREFIX_RE = re.compile(r"^([a-z0-9][a-z0-9._-]*/)*([a-z0-9][a-z0-9._-]*)?$")
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return prefix unchanged, or raise ConfigError if no valid name could start with it."""
+    if len(prefix) > MAX_NAME_LENGTH or not _PREFIX_RE.match(prefix) or ".." in prefix:
+        raise ConfigError(f"invalid object name prefix {prefix!r}")
+    return prefix
+
+
+def content_etag(data: bytes) -> str:
+    """The etag the memory and local stores use: hex SHA-256 of the object's bytes.
+
+    Callers must treat etags as opaque (an S3 store returns the server's ETag).
+    """
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -63,7 +83,10 @@ class ObjectStore(Protocol):
         ...
 
     def put_if_match(self, name: str, data: bytes, etag: str) -> None:
-        """Replace the object only if its current etag is etag. Raises PreconditionFailedError."""
+        """Replace the object only if its current etag is etag. Raises PreconditionFailedError.
+
+        A missing object raises ObjectNotFoundError (as S3 answers 404 NoSuchKey).
+        """
         ...
 
     def delete(self, name: str) -> None:
@@ -80,6 +103,10 @@ class ObjectStore(Protocol):
         The engine calls this after uploading chunks and before creating the log
         segment that refers to them, and again after the segment.
         """
+        ...
+
+    def free_bytes(self) -> int:
+        """Space left for new objects, for statfs (a large constant where unbounded)."""
         ...
 
     def describe(self) -> str:

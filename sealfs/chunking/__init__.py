@@ -1,0 +1,1 @@
+"""Content-defined chunking: where byte streams are cut so that edits dedup."""

@@ -1,0 +1,193 @@
+"""Log segments and snapshots as sealed objects: names, payloads, hash chain.
+
+A segment carries the records of one commit and the SHA-256 of the sealed
+bytes of the segment before it, so the log is a hash chain: a reader that
+has seen generation N can tell whether a later store still extends it. A
+snapshot carries the whole MetaState as of one generation, so mount need
+not replay the log from the beginning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import msgpack
+
+from sealfs.chunking.compress import decompress, maybe_compress
+from sealfs.crypto.envelope import (
+    FLAG_ZSTD,
+    ObjectKind,
+    generation_binding,
+    open_object,
+    seal_object,
+)
+from sealfs.errors import FormatError
+from sealfs.meta import ops
+from sealfs.meta.extents import ExtentMap
+from sealfs.meta.model import ChunkInfo, Inode, MetaState, WriterInfo
+
+SEGMENT_PREFIX = "l/"
+SNAPSHOT_PREFIX = "s/"
+_GEN_WIDTH = 16
+MAX_METADATA_SIZE = 1 << 31  # decompression bound for one segment or snapshot
+_LEVEL = 3
+
+
+def segment_name(generation: int) -> str:
+    return f"{SEGMENT_PREFIX}{generation:0{_GEN_WIDTH}d}"
+
+
+def snapshot_name(generation: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{generation:0{_GEN_WIDTH}d}"
+
+
+def parse_generation(name: str) -> int:
+    """The generation in a segment or snapshot name; FormatError for a foreign name."""
+    digits = name.rpartition("/")[2]
+    if len(digits) != _GEN_WIDTH or not digits.isdigit():
+        raise FormatError(f"unexpected object name {name!r} in the store")
+    return int(digits)
+
+
+def sealed_hash(sealed: bytes) -> bytes:
+    """What the next segment records as prev: SHA-256 of the exact sealed bytes."""
+    return hashlib.sha256(sealed).digest()
+
+
+@dataclass(frozen=True)
+class Segment:
+    generation: int
+    prev_hash: bytes
+    time_ns: int
+    ops: list[ops.Op]
+
+
+def encode_segment(meta_key: bytes, volume_id: bytes, segment: Segment) -> bytes:
+    payload = {
+        "gen": segment.generation,
+        "prev": segment.prev_hash,
+        "time": segment.time_ns,
+        "ops": segment.ops,
+    }
+    return _seal(meta_key, volume_id, ObjectKind.SEGMENT, segment.generation, payload)
+
+
+def decode_segment(meta_key: bytes, volume_id: bytes, generation: int, sealed: bytes) -> Segment:
+    """Open and parse l/<generation>. Raises IntegrityError, FormatError."""
+    payload = _open(meta_key, volume_id, ObjectKind.SEGMENT, generation, sealed)
+    gen, prev, time_ns, records = _fields(payload, ("gen", int), ("prev", bytes), ("time", int),
+                                          ("ops", list))  # fmt: skip
+    if gen != generation or len(prev) != 32:
+        raise FormatError(f"log segment {generation} is inconsistent with its name")
+    return Segment(gen, prev, time_ns, records)
+
+
+def encode_snapshot(meta_key: bytes, volume_id: bytes, state: MetaState) -> bytes:
+    payload = {
+        "gen": state.generation,
+        "head": state.head_hash,
+        "time": state.committed_ns,
+        "next_ino": state.next_ino,
+        "writer": None if state.writer is None else ops.writer(state.writer)[1:],
+        "inodes": [_inode_row(inode) for inode in state.inodes.values()],
+        "chunks": [[cid, c.plain_size, c.stored_size] for cid, c in state.chunks.items()],
+    }
+    return _seal(meta_key, volume_id, ObjectKind.SNAPSHOT, state.generation, payload)
+
+
+def decode_snapshot(meta_key: bytes, volume_id: bytes, generation: int, sealed: bytes) -> MetaState:
+    """Open and parse s/<generation> into a MetaState. Raises IntegrityError, FormatError."""
+    payload = _open(meta_key, volume_id, ObjectKind.SNAPSHOT, generation, sealed)
+    gen, head, time_ns, next_ino, rows, chunk_rows = _fields(
+        payload, ("gen", int), ("head", bytes), ("time", int), ("next_ino", int),
+        ("inodes", list), ("chunks", list),
+    )  # fmt: skip
+    if gen != generation:
+        raise FormatError(f"snapshot {generation} is inconsistent with its name")
+    state = MetaState(generation=gen, head_hash=head, committed_ns=time_ns, next_ino=next_ino)
+    writer = payload.get("writer")
+    if writer is not None:
+        ops.apply(state, [ops.WRITER, *_as_list(writer, "writer")])
+    for row in rows:
+        inode = _inode_from_row(row)
+        state.inodes[inode.ino] = inode
+        state.note_ino(inode.ino)
+    for row in chunk_rows:
+        ops.apply(state, [ops.CHUNK, *_as_list(row, "chunk")])
+    return state
+
+
+def _inode_row(inode: Inode) -> list[Any]:
+    body: Any = None
+    if inode.extents is not None:
+        body = inode.extents.to_wire()
+    elif inode.entries is not None:
+        body = inode.entries
+    return [*ops.inode_fields(inode), inode.xattrs, body]
+
+
+def _inode_from_row(row: object) -> Inode:
+    if not isinstance(row, list) or len(row) != 14:
+        _bad("inode")
+    probe = MetaState()
+    ops.apply(probe, [ops.PUT_INODE, *row[:12]])  # type-checks the fields
+    inode = probe.inodes[row[0]]
+    xattrs, body = row[12], row[13]
+    if not isinstance(xattrs, dict) or not all(
+        isinstance(k, bytes) and isinstance(v, bytes) for k, v in xattrs.items()
+    ):
+        _bad("xattr")
+    inode.xattrs = xattrs
+    if inode.extents is not None:
+        inode.extents = ExtentMap.from_wire(body)
+    elif inode.entries is not None:
+        if not isinstance(body, dict) or not all(
+            isinstance(k, bytes) and isinstance(v, int) for k, v in body.items()
+        ):
+            _bad("directory")
+        inode.entries = body
+    return inode
+
+
+def _seal(meta_key: bytes, volume_id: bytes, kind: ObjectKind, gen: int, payload: Any) -> bytes:
+    raw = msgpack.packb(payload, use_bin_type=True)
+    packed = maybe_compress(raw, _LEVEL)
+    binding = generation_binding(volume_id, gen)
+    if packed is None:
+        return seal_object(meta_key, kind, binding, raw)
+    return seal_object(meta_key, kind, binding, packed, flags=FLAG_ZSTD)
+
+
+def _open(meta_key: bytes, volume_id: bytes, kind: ObjectKind, gen: int, sealed: bytes) -> Any:
+    flags, body = open_object(meta_key, kind, generation_binding(volume_id, gen), sealed)
+    if flags & FLAG_ZSTD:
+        body = decompress(body, MAX_METADATA_SIZE)
+    try:
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise FormatError(f"undecodable metadata payload: {exc}") from None
+    if not isinstance(payload, dict):
+        _bad("payload")
+    return payload
+
+
+def _fields(payload: dict[str, Any], *spec: tuple[str, type]) -> list[Any]:
+    values = []
+    for key, kind in spec:
+        value = payload.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            _bad(key)
+        values.append(value)
+    return values
+
+
+def _as_list(value: object, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        _bad(what)
+    return value
+
+
+def _bad(what: str) -> NoReturn:
+    raise FormatError(f"malformed {what} in metadata")

@@ -1,0 +1,85 @@
+"""The in-memory metadata of a volume: inodes, the chunk table and the writer.
+
+The volume engine changes this state only by applying operation records
+(sealfs.meta.ops), the same records that replay applies at mount, so the
+live state and the state rebuilt from the log cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass, field
+
+from sealfs.meta.extents import ExtentMap
+
+ROOT_INO = 1
+
+
+@dataclass(slots=True, eq=False)
+class Inode:
+    """One file, directory, symlink or special node.
+
+    extents is set for regular files only, entries for directories only.
+    parent is the containing directory of a directory (for ".."), else 0.
+    """
+
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    rdev: int = 0
+    parent: int = 0
+    target: bytes = b""
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    extents: ExtentMap | None = None
+    entries: dict[bytes, int] | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterInfo:
+    """Who holds (or last held) the volume for writing."""
+
+    host: str
+    pid: int
+    mount_id: bytes
+    since_ns: int
+    released: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """Sizes of one chunk: advisory, for statistics (extents are authoritative)."""
+
+    plain_size: int
+    stored_size: int
+
+
+@dataclass(slots=True)
+class MetaState:
+    """Everything a snapshot holds: the state of the volume as of generation."""
+
+    inodes: dict[int, Inode] = field(default_factory=dict)
+    chunks: dict[bytes, ChunkInfo] = field(default_factory=dict)
+    generation: int = 0
+    head_hash: bytes = bytes(32)
+    committed_ns: int = 0
+    writer: WriterInfo | None = None
+    next_ino: int = ROOT_INO + 1
+
+    def note_ino(self, ino: int) -> None:
+        """Keep next_ino above every inode number seen, so none is ever reused."""
+        if ino >= self.next_ino:
+            self.next_ino = ino + 1

@@ -1,0 +1,224 @@
+"""Operation records: the physical changes that log segments carry.
+
+Each record is a msgpack-ready list whose first item is an opcode. They are
+physical (set this attribute, add this entry) rather than logical (rename),
+so replay needs none of the engine's POSIX rules and cannot disagree with it.
+apply() is the single place where records change a MetaState.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Callable
+from typing import Any
+
+from sealfs.errors import FormatError
+from sealfs.meta.extents import Extent, ExtentMap, extent_from_wire
+from sealfs.meta.model import ChunkInfo, Inode, MetaState, WriterInfo
+
+Op = list[Any]
+
+PUT_INODE = 1
+DEL_INODE = 2
+LINK = 3
+UNLINK = 4
+DATA = 5
+SET_XATTR = 6
+DEL_XATTR = 7
+CHUNK = 8
+WRITER = 9
+
+
+
+def inode_fields(inode: Inode) -> list[Any]:
+    return [
+        inode.ino, inode.mode, inode.uid, inode.gid, inode.nlink, inode.size,
+        inode.atime_ns, inode.mtime_ns, inode.ctime_ns, inode.rdev, inode.parent, inode.target,
+    ]  # fmt: skip
+
+
+INODE_FIELD_NAMES = (
+    "ino", "mode", "uid", "gid", "nlink", "size",
+    "atime_ns", "mtime_ns", "ctime_ns", "rdev", "parent", "target",
+)  # fmt: skip
+_FIELD_INDEX = {name: k + 1 for k, name in enumerate(INODE_FIELD_NAMES)}
+
+
+def put_inode(inode: Inode, **changes: Any) -> Op:
+    """A record of inode's attributes, with the named fields changed."""
+    op: Op = [PUT_INODE, *inode_fields(inode)]
+    for name, value in changes.items():
+        op[_FIELD_INDEX[name]] = value
+    return op
+
+
+def new_inode_record(**fields: Any) -> Op:
+    """A record that creates an inode; every field of INODE_FIELD_NAMES must be given."""
+    return [PUT_INODE, *(fields[name] for name in INODE_FIELD_NAMES)]
+
+
+def del_inode(ino: int) -> Op:
+    return [DEL_INODE, ino]
+
+
+def link(parent: int, name: bytes, ino: int) -> Op:
+    return [LINK, parent, name, ino]
+
+
+def unlink(parent: int, name: bytes) -> Op:
+    return [UNLINK, parent, name]
+
+
+def data(ino: int, start: int, end: int, extents: list[Extent], size: int) -> Op:
+    """Bytes [start, end) of ino are now exactly extents (holes elsewhere in the range)."""
+    return [DATA, ino, start, end, [[e.start, e.length, e.chunk, e.chunk_offset] for e in extents], size]
+
+
+def set_xattr(ino: int, name: bytes, value: bytes) -> Op:
+    return [SET_XATTR, ino, name, value]
+
+
+def del_xattr(ino: int, name: bytes) -> Op:
+    return [DEL_XATTR, ino, name]
+
+
+def chunk(chunk_id: bytes, plain_size: int, stored_size: int) -> Op:
+    return [CHUNK, chunk_id, plain_size, stored_size]
+
+
+def writer(info: WriterInfo) -> Op:
+    return [WRITER, info.host, info.pid, info.mount_id, info.since_ns, info.released]
+
+
+def new_inode(fields: list[Any]) -> Inode:
+    """Build an inode from its wire fields (already type-checked)."""
+    inode = Inode(*fields)
+    if stat.S_ISREG(inode.mode):
+        inode.extents = ExtentMap()
+    elif stat.S_ISDIR(inode.mode):
+        inode.entries = {}
+    return inode
+
+
+def apply(state: MetaState, op: Op, *, live: bool = False) -> None:
+    """Apply one record to state. Raises FormatError if it is malformed or inconsistent.
+
+    live=True is the engine applying a DATA record it produced itself: the
+    inode's size is then already the logical size (which may include newer,
+    still-buffered writes) and must not be set back.
+    """
+    _check(op)
+    _APPLY[op[0]](state, op, live)
+
+
+def _inode(state: MetaState, ino: int) -> Inode:
+    try:
+        return state.inodes[ino]
+    except KeyError:
+        raise FormatError(f"metadata refers to missing inode {ino}") from None
+
+
+def _dir(state: MetaState, ino: int) -> dict[bytes, int]:
+    entries = _inode(state, ino).entries
+    if entries is None:
+        raise FormatError(f"metadata uses inode {ino} as a directory")
+    return entries
+
+
+def _apply_put_inode(state: MetaState, op: Op, live: bool) -> None:
+    fields = op[1:]
+    old = state.inodes.get(fields[0])
+    if old is None:
+        state.inodes[fields[0]] = new_inode(fields)
+        state.note_ino(fields[0])
+        return
+    if stat.S_IFMT(old.mode) != stat.S_IFMT(fields[1]):
+        raise FormatError(f"metadata changes the type of inode {old.ino}")
+    (_, old.mode, old.uid, old.gid, old.nlink, old.size, old.atime_ns, old.mtime_ns,
+     old.ctime_ns, old.rdev, old.parent, old.target) = fields  # fmt: skip
+    if old.extents is not None:
+        old.extents.truncate(old.size)
+
+
+def _apply_del_inode(state: MetaState, op: Op, live: bool) -> None:
+    state.inodes.pop(op[1], None)
+
+
+def _apply_link(state: MetaState, op: Op, live: bool) -> None:
+    _inode(state, op[3])
+    _dir(state, op[1])[op[2]] = op[3]
+
+
+def _apply_unlink(state: MetaState, op: Op, live: bool) -> None:
+    _dir(state, op[1]).pop(op[2], None)
+
+
+def _apply_data(state: MetaState, op: Op, live: bool) -> None:
+    inode = _inode(state, op[1])
+    if inode.extents is None:
+        raise FormatError(f"metadata writes data to non-file inode {inode.ino}")
+    start, end = op[2], op[3]
+    extents = [extent_from_wire(row) for row in op[4]]
+    if any(e.start < start or e.end > end for e in extents):
+        raise FormatError(f"data record for inode {inode.ino} strays outside its range")
+    inode.extents.replace(start, end, extents)
+    if not live:
+        inode.size = op[5]
+        inode.extents.truncate(inode.size)
+
+
+def _apply_set_xattr(state: MetaState, op: Op, live: bool) -> None:
+    _inode(state, op[1]).xattrs[op[2]] = op[3]
+
+
+def _apply_del_xattr(state: MetaState, op: Op, live: bool) -> None:
+    _inode(state, op[1]).xattrs.pop(op[2], None)
+
+
+def _apply_chunk(state: MetaState, op: Op, live: bool) -> None:
+    state.chunks[op[1]] = ChunkInfo(op[2], op[3])
+
+
+def _apply_writer(state: MetaState, op: Op, live: bool) -> None:
+    state.writer = WriterInfo(*op[1:])
+
+
+_APPLY: dict[int, Callable[[MetaState, Op, bool], None]] = {
+    PUT_INODE: _apply_put_inode,
+    DEL_INODE: _apply_del_inode,
+    LINK: _apply_link,
+    UNLINK: _apply_unlink,
+    DATA: _apply_data,
+    SET_XATTR: _apply_set_xattr,
+    DEL_XATTR: _apply_del_xattr,
+    CHUNK: _apply_chunk,
+    WRITER: _apply_writer,
+}
+
+# Wire types of each record's fields after the opcode: "n" natural int, "b" bytes,
+# "s" str, "?" bool, "l" list.
+_SHAPES: dict[int, str] = {
+    PUT_INODE: "nnnnnnnnnnnb",
+    DEL_INODE: "n",
+    LINK: "nbn",
+    UNLINK: "nb",
+    DATA: "nnnln",
+    SET_XATTR: "nbb",
+    DEL_XATTR: "nb",
+    CHUNK: "bnn",
+    WRITER: "snbn?",
+}
+
+
+def _check(op: object) -> None:
+    if not isinstance(op, list) or not op or op[0] not in _SHAPES:
+        raise FormatError("unknown operation record in metadata")
+    shape = _SHAPES[op[0]]
+    if len(op) != len(shape) + 1 or not all(map(_fits, shape, op[1:])):
+        raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
+
+
+def _fits(kind: str, value: object) -> bool:
+    if kind == "n":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, {"b": bytes, "s": str, "?": bool, "l": list}[kind])

@@ -1,0 +1,273 @@
+"""CachingStore: a read-through, write-through disk cache of chunk objects.
+
+Only names under "c/" are cached: chunks are immutable, so a cached copy never
+goes stale. The header, log segments and snapshots always go to the store. The
+cache holds exactly the sealed bytes the store holds (file cache_dir/c/ab/id
+for object c/ab/id), never plaintext. Size is bounded by LRU eviction; the
+index (sizes and access order) lives in memory and is rebuilt from the
+directory, ordered by mtime, on start.
+
+A cache failure never fails an operation: a cache write that fails (a full
+disk, any OSError) logs a warning (at most one per ten minutes) and the
+operation carries on uncached; a cached file that reads back with the wrong
+length is dropped and fetched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from sealfs.errors import ConfigError
+from sealfs.store.base import ObjectInfo, ObjectStore, validate_name
+
+log = logging.getLogger("sealfs.store")
+
+CACHED_PREFIX = "c/"
+TEMP_PREFIX = ".tmp-"
+_STALE_TEMP_AGE = 3600.0  # younger temp files may belong to another live process
+_WARN_INTERVAL = 600.0  # a full cache disk fails every write: say so once, not per chunk
+
+
+def is_cached_name(name: str) -> bool:
+    """Whether objects of this name are cached (chunks only)."""
+    return name.startswith(CACHED_PREFIX)
+
+
+class CachingStore:
+    """Wrap an ObjectStore with a bounded on-disk cache of chunks. Thread-safe.
+
+    Raises what the inner store raises; never raises because of the cache,
+    except ConfigError from the constructor when cache_dir cannot be created.
+    """
+
+    def __init__(self, inner: ObjectStore, cache_dir: Path, max_bytes: int) -> None:
+        self.inner = inner
+        self.cache_dir = Path(cache_dir)
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, int] = OrderedDict()  # name -> size, oldest first
+        self._total = 0
+        self._last_warning: float | None = None
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create cache directory {self.cache_dir}: {exc.strerror}"
+            ) from exc
+        self._rebuild()
+
+    def cache_bytes(self) -> int:
+        """Total size of the cached objects."""
+        with self._lock:
+            return self._total
+
+    def _path(self, name: str) -> Path:
+        return self.cache_dir / validate_name(name)
+
+    # -- index -------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        """Index the files already in the cache, least recently used (oldest mtime) first."""
+        found: list[tuple[float, str, int]] = []
+        cutoff = time.time() - _STALE_TEMP_AGE
+        root = self.cache_dir / CACHED_PREFIX.rstrip("/")
+        for dirpath, _dirs, files in os.walk(root):
+            for file in files:
+                path = Path(dirpath) / file
+                try:
+                    st = path.lstat()
+                    if file.startswith(TEMP_PREFIX):
+                        if st.st_mtime < cutoff:
+                            path.unlink()  # left by a crash
+                        continue
+                except OSError:
+                    continue
+                name = path.relative_to(self.cache_dir).as_posix()
+                if _valid(name):
+                    found.append((st.st_mtime, name, st.st_size))
+        found.sort()
+        with self._lock:
+            for _mtime, name, size in found:
+                self._entries[name] = size
+                self._total += size
+            self._evict_locked()
+
+    def _evict_locked(self) -> None:
+        while self._total > self.max_bytes and self._entries:
+            name, size = self._entries.popitem(last=False)
+            self._total -= size
+            with contextlib.suppress(OSError):
+                os.unlink(self.cache_dir / name)
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            size = self._entries.pop(name, None)
+            if size is None:
+                return
+            self._total -= size
+            with contextlib.suppress(OSError):
+                os.unlink(self.cache_dir / name)
+
+    def discard(self, name: str) -> None:
+        """Drop the cached copy of name, if any (e.g. after it failed authentication)."""
+        if is_cached_name(name):
+            self._forget(validate_name(name))
+
+    # -- cache I/O ---------------------------------------------------------
+
+    def _read_cached(self, name: str) -> bytes | None:
+        with self._lock:
+            size = self._entries.get(name)
+            if size is None:
+                return None
+            self._entries.move_to_end(name)
+        path = self._path(name)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = f.readall()
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("cache read of %s failed: %s; fetching from the store", name, exc)
+            self._forget(name)
+            return None
+        if len(data) != size:
+            log.warning("cached %s has %d bytes, not %d; dropping it", name, len(data), size)
+            self._forget(name)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # so that the LRU order survives a restart
+        return data
+
+    def _store(self, name: str, data: bytes) -> None:
+        """Put a copy in the cache; on any OSError, warn once and carry on uncached."""
+        size = len(data)
+        if size > self.max_bytes:
+            return
+        path = self._path(name)
+        tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            _write_file(tmp, data)
+            with self._lock:
+                os.replace(tmp, path)
+                old = self._entries.pop(name, None)
+                self._total += size - (old or 0)
+                self._entries[name] = size
+                self._evict_locked()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self._warn_write_failed(exc)
+
+    def _warn_write_failed(self, exc: OSError) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._last_warning is not None and now - self._last_warning < _WARN_INTERVAL:
+                return
+            self._last_warning = now
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            log.warning("cache disk full at %s; continuing without caching", self.cache_dir)
+        else:
+            reason = exc.strerror or type(exc).__name__
+            log.warning(
+                "cache write failed at %s: %s; continuing without caching", self.cache_dir, reason
+            )
+
+    # -- ObjectStore -------------------------------------------------------
+
+    def get(self, name: str) -> bytes:
+        """Return a chunk from the cache if there, else from the store (and cache it)."""
+        if not is_cached_name(name):
+            return self.inner.get(name)
+        validate_name(name)
+        data = self._read_cached(name)
+        if data is None:
+            data = self.inner.get(name)
+            self._store(name, data)
+        return data
+
+    def stat(self, name: str) -> ObjectInfo:
+        """Delegate: the etag is the store's to give."""
+        return self.inner.stat(name)
+
+    def put(self, name: str, data: bytes) -> None:
+        """Put through to the store; keep a copy of a chunk."""
+        self._before_write(name)
+        self.inner.put(name, data)
+        self._after_write(name, data)
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        """put_if_absent through to the store; keep a copy of a chunk it created."""
+        self.inner.put_if_absent(name, data)
+        self._after_write(name, data)
+
+    def put_if_match(self, name: str, data: bytes, etag: str) -> None:
+        """put_if_match through to the store; keep a copy of a chunk it replaced."""
+        self._before_write(name)
+        self.inner.put_if_match(name, data, etag)
+        self._after_write(name, data)
+
+    def _before_write(self, name: str) -> None:
+        # A replace that fails halfway must not leave the old bytes cached.
+        if is_cached_name(name):
+            self._forget(validate_name(name))
+
+    def _after_write(self, name: str, data: bytes) -> None:
+        if is_cached_name(name):
+            self._store(name, data)
+
+    def delete(self, name: str) -> None:
+        """Delete from the store, then drop the cached copy."""
+        self.inner.delete(name)
+        self.discard(name)
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        """Delegate."""
+        return self.inner.list(prefix, start_after)
+
+    def sync(self) -> None:
+        """Delegate: the cache needs no durability (it can always be refetched)."""
+        self.inner.sync()
+
+    def free_bytes(self) -> int:
+        """Delegate."""
+        return self.inner.free_bytes()
+
+    def describe(self) -> str:
+        """Delegate."""
+        return self.inner.describe()
+
+    def close(self) -> None:
+        """Close the inner store."""
+        self.inner.close()
+
+
+def _valid(name: str) -> bool:
+    try:
+        validate_name(name)
+    except ConfigError:
+        return False
+    return is_cached_name(name)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Create path exclusively and write data, creating parent directories lazily."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)

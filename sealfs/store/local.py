@@ -1,0 +1,311 @@
+"""LocalStore: each object is a file under a root directory (the embedded default).
+
+Object "c/ab/xyz" lives at root/c/ab/xyz; parent directories are created lazily.
+Every write goes to a hidden ".tmp-*" file in the target directory first and is
+then renamed (put) or hard-linked (put_if_absent) into place, so readers never
+see a partial object. Writes are not fsynced one by one: sync() calls syncfs(2)
+once, which makes every earlier put (and every directory created) durable.
+
+This module owns the mapping of OS errors to store errors; it never retries
+(RetryingStore does) and knows nothing of what the bytes mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sealfs.errors import (
+    ConfigError,
+    NoSpaceError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+)
+from sealfs.store.base import ObjectInfo, content_etag, validate_name, validate_prefix
+
+# Hidden names: they never match validate_name, so list() can never return them.
+TEMP_PREFIX = ".tmp-"
+LOCK_NAME = ".lock"
+_FILE_MODE = 0o600  # the header holds keyslots: keep offline guessing to the owner
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+# Errors a local disk (or an NFS mount under it) may clear on its own.
+_TRANSIENT = frozenset({errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EINTR})
+_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    """Return libc's syncfs(2), or None where the C library lacks it."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "syncfs", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+# Module-level so that tests can exercise the os.sync fallback.
+_syncfs = _load_syncfs()
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _is_object_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except ConfigError:
+        return False
+    return True
+
+
+def _may_hold(dir_name: str, prefix: str, start_after: str) -> bool:
+    """Whether some name under directory dir_name can match prefix and sort after start_after."""
+    under = dir_name + "/"
+    if not (prefix.startswith(under) or under.startswith(prefix)):
+        return False
+    # Every name under the directory sorts before start_after unless start_after
+    # is itself inside it or sorts before the directory.
+    return start_after < under or start_after.startswith(under)
+
+
+def _walk(directory: Path, rel: str, prefix: str, start_after: str, out: list[str]) -> None:
+    """Append to out the object names under directory (named rel) that match."""
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with entries:
+        for entry in entries:
+            if not _is_object_name(entry.name):
+                continue  # temp files, the lock file, strays
+            full = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if _may_hold(full, prefix, start_after):
+                    _walk(Path(entry.path), full, prefix, start_after, out)
+            elif full.startswith(prefix) and full > start_after and entry.is_file():
+                out.append(full)
+
+
+class LocalStore:
+    """An ObjectStore in a local directory. Thread-safe and safe across processes.
+
+    Raises ObjectNotFoundError, ObjectExistsError, PreconditionFailedError,
+    NoSpaceError (disk or quota full), TransientStoreError (EAGAIN-like errors)
+    or StoreError (any other OS error), each with a one-line message. Never retries.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / validate_name(name)
+
+    def _error(self, exc: OSError, what: str) -> StoreError:
+        if exc.errno in _NO_SPACE:
+            return NoSpaceError(f"store disk full at {self.root}: free space and retry")
+        reason = exc.strerror or type(exc).__name__
+        message = f"local store at {self.root}: {what} failed: {reason}"
+        if exc.errno in _TRANSIENT:
+            return TransientStoreError(message)
+        return StoreError(message)
+
+    def _not_found(self, name: str) -> ObjectNotFoundError:
+        return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
+
+    def _write_temp(self, path: Path, name: str, data: bytes) -> Path:
+        """Write data to a new hidden temp file beside path; remove it again on failure."""
+        tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            fd = self._create(tmp)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise self._error(exc, f"write {name}") from exc
+        return tmp
+
+    @staticmethod
+    def _create(tmp: Path) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            return os.open(tmp, flags, _FILE_MODE)
+        except FileNotFoundError:
+            tmp.parent.mkdir(parents=True, exist_ok=True)  # directories come lazily
+            return os.open(tmp, flags, _FILE_MODE)
+
+    def get(self, name: str) -> bytes:
+        """Return the object's bytes. Raises ObjectNotFoundError."""
+        path = self._path(name)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        except _MISSING:
+            raise self._not_found(name) from None
+        except OSError as exc:
+            raise self._error(exc, f"read {name}") from exc
+
+    def stat(self, name: str) -> ObjectInfo:
+        """Return size and etag (hex SHA-256: this reads the object). Raises ObjectNotFoundError."""
+        data = self.get(name)
+        return ObjectInfo(name=name, size=len(data), etag=content_etag(data))
+
+    def put(self, name: str, data: bytes) -> None:
+        """Create or replace the object atomically (temp file, then rename)."""
+        path = self._path(name)
+        tmp = self._write_temp(path, name, data)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise self._error(exc, f"rename into {name}") from exc
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        """Create the object unless it exists (hard link: an atomic exclusive create).
+
+        Raises ObjectExistsError.
+        """
+        path = self._path(name)
+        tmp = self._write_temp(path, name, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ObjectExistsError(f"object {name} already exists in {self.describe()}") from None
+        except OSError as exc:
+            raise self._error(exc, f"link into {name}") from exc
+        finally:
+            _unlink_quietly(tmp)
+
+    def put_if_match(self, name: str, data: bytes, etag: str) -> None:
+        """Replace the object if its etag is still etag, under an exclusive flock on root/.lock.
+
+        Raises PreconditionFailedError, or ObjectNotFoundError if it is missing.
+        """
+        validate_name(name)
+        with self._exclusive_lock(name):
+            if content_etag(self.get(name)) != etag:
+                raise PreconditionFailedError(f"object {name} changed since etag {etag[:12]}")
+            self.put(name, data)
+
+    @contextlib.contextmanager
+    def _exclusive_lock(self, name: str) -> Iterator[None]:
+        # flock locks belong to the open file description, so this excludes
+        # other threads of this process as well as other processes.
+        try:
+            fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        except FileNotFoundError:
+            raise self._not_found(name) from None  # no root yet, so no object
+        except OSError as exc:
+            raise self._error(exc, "open lock file") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def delete(self, name: str) -> None:
+        """Delete the object; a missing object is not an error."""
+        path = self._path(name)
+        try:
+            os.unlink(path)
+        except _MISSING:
+            return
+        except OSError as exc:
+            raise self._error(exc, f"delete {name}") from exc
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        """Sorted names under prefix after start_after; walks only directories prefix can match."""
+        validate_prefix(prefix)
+        head, _, _ = prefix.rpartition("/")
+        names: list[str] = []
+        try:
+            _walk(self.root / head, head, prefix, start_after, names)
+        except OSError as exc:
+            raise self._error(exc, f"list {prefix!r}") from exc
+        names.sort()
+        return names
+
+    def sync(self) -> None:
+        """Make every earlier put durable: one syncfs(2) on the root's file system."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # nothing was ever written
+        except OSError as exc:
+            raise self._error(exc, "open root for sync") from exc
+        try:
+            if _syncfs is None:
+                os.sync()
+            elif _syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise self._error(OSError(err, os.strerror(err)), "syncfs")
+        finally:
+            os.close(fd)
+
+    def cleanup_temp(self, older_than: float = 3600.0) -> int:
+        """Remove temp files left by a crash that are older than older_than seconds.
+
+        Returns how many were removed. Younger ones may belong to a live writer.
+        """
+        cutoff = time.time() - older_than
+        removed = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for file in files:
+                if file.startswith(TEMP_PREFIX) and self._remove_if_older(
+                    Path(dirpath) / file, cutoff
+                ):
+                    removed += 1
+        return removed
+
+    def _remove_if_older(self, path: Path, cutoff: float) -> bool:
+        try:
+            if path.lstat().st_mtime >= cutoff:
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise self._error(exc, f"remove temp file {path.name}") from exc
+        return True
+
+    def free_bytes(self) -> int:
+        """Bytes available to this user on the root's file system (0 if it is missing)."""
+        path = self.root
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return 0
+        return st.f_bavail * st.f_frsize
+
+    def describe(self) -> str:
+        """Return "local store at ROOT"."""
+        return f"local store at {self.root}"
+
+    def close(self) -> None:
+        """Nothing to release: no descriptor outlives a call."""

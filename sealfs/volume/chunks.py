@@ -1,0 +1,156 @@
+"""Chunks as the engine sees them: seal and upload new ones, fetch and open old ones.
+
+Sealing (HMAC id, zstd, AES-GCM) and store I/O run in worker threads, bounded
+by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
+through a decrypted-chunk LRU, and concurrent reads of one chunk share a
+single fetch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Container
+from dataclasses import dataclass
+
+import trio
+
+from sealfs.chunking.compress import decompress, maybe_compress
+from sealfs.chunking.fastcdc import MAX_CHUNK
+from sealfs.crypto.envelope import FLAG_ZSTD, ObjectKind, chunk_binding, open_object, seal_object
+from sealfs.crypto.ids import chunk_id as keyed_chunk_id
+from sealfs.crypto.subkeys import Subkeys
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
+from sealfs.store.base import ObjectStore
+
+log = logging.getLogger("sealfs.volume")
+
+
+def chunk_name(chunk_id: bytes) -> str:
+    """Store name of a chunk: c/<first two hex digits>/<64 hex digits>."""
+    hexid = chunk_id.hex()
+    return f"c/{hexid[:2]}/{hexid}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk that is now in the store (uploaded now, or found already known)."""
+
+    chunk_id: bytes
+    plain_size: int
+    stored_size: int
+    uploaded: bool
+
+
+class PlainCache:
+    """LRU of opened chunk plaintexts, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._items: OrderedDict[bytes, bytes] = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, chunk_id: bytes) -> bytes | None:
+        data = self._items.get(chunk_id)
+        if data is not None:
+            self._items.move_to_end(chunk_id)
+        return data
+
+    def put(self, chunk_id: bytes, data: bytes) -> None:
+        if chunk_id in self._items or len(data) > self._max:
+            return
+        self._items[chunk_id] = data
+        self.nbytes += len(data)
+        while self.nbytes > self._max:
+            _, old = self._items.popitem(last=False)
+            self.nbytes -= len(old)
+
+
+class Chunks:
+    """The chunk side of the data path for one unlocked volume."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        volume_id: bytes,
+        subkeys: Subkeys,
+        limiter: trio.CapacityLimiter,
+        cache_bytes: int = 64 << 20,
+    ) -> None:
+        self._store = store
+        self._volume_id = volume_id
+        self._keys = subkeys
+        self._limiter = limiter
+        self.cache = PlainCache(cache_bytes)
+        self._inflight: dict[bytes, trio.Event] = {}
+        self.uploaded_bytes = 0
+
+    def identify(self, plaintext: bytes | memoryview) -> bytes:
+        return keyed_chunk_id(self._keys.chunk_id_key, plaintext)
+
+    def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
+        """Worker-thread body: id, dedup check, compress, seal, upload."""
+        cid = self.identify(plaintext)
+        if cid in known:
+            return StoredChunk(cid, len(plaintext), 0, uploaded=False)
+        packed = maybe_compress(plaintext)
+        binding = chunk_binding(self._volume_id, cid)
+        if packed is None:
+            sealed = seal_object(self._keys.chunk_key, ObjectKind.CHUNK, binding, plaintext)
+        else:
+            sealed = seal_object(
+                self._keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD
+            )
+        self._store.put(chunk_name(cid), sealed)
+        return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
+
+    async def store(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
+        """Make sure a chunk with this content is in the store (skipping known ids)."""
+        result = await trio.to_thread.run_sync(
+            self._seal_and_put, plaintext, known, limiter=self._limiter
+        )
+        self.uploaded_bytes += result.stored_size
+        return result
+
+    def _get_and_open(self, chunk_id: bytes) -> bytes:
+        name = chunk_name(chunk_id)
+        try:
+            sealed = self._store.get(name)
+            flags, body = open_object(
+                self._keys.chunk_key, ObjectKind.CHUNK, chunk_binding(self._volume_id, chunk_id), sealed
+            )
+            return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
+        except ObjectNotFoundError:
+            raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
+        except IntegrityError as exc:
+            raise IntegrityError(f"chunk {name} failed authentication: {exc}") from None
+        except FormatError as exc:
+            raise FormatError(f"chunk {name} is malformed: {exc}") from None
+
+    async def read(self, chunk_id: bytes) -> bytes:
+        """The plaintext of a chunk. Raises IntegrityError, ObjectNotFoundError, StoreError."""
+        while True:
+            data = self.cache.get(chunk_id)
+            if data is not None:
+                return data
+            pending = self._inflight.get(chunk_id)
+            if pending is None:
+                break
+            await pending.wait()  # then look in the cache again (or fetch, if it failed)
+        done = self._inflight[chunk_id] = trio.Event()
+        try:
+            data = await trio.to_thread.run_sync(self._get_and_open, chunk_id, limiter=self._limiter)
+            self.cache.put(chunk_id, data)
+            return data
+        finally:
+            del self._inflight[chunk_id]
+            done.set()
+
+    async def prefetch(self, chunk_id: bytes) -> None:
+        """Warm the cache for a likely next read; failures surface on the real read."""
+        if self.cache.get(chunk_id) is not None or chunk_id in self._inflight:
+            return
+        try:
+            await self.read(chunk_id)
+        except Exception as exc:  # noqa: BLE001 - the foreground read reports it
+            log.debug("prefetch of %s failed: %s", chunk_name(chunk_id), exc)

@@ -1,0 +1,254 @@
+"""Group commit: turning buffered writes and queued records into log segments.
+
+Write ordering (the invariant every crash test checks): the chunks a segment
+refers to are uploaded and synced before the segment is created; a commit is
+reported only after the segment's create is acknowledged and synced. The
+segment is created with put_if_absent, so of two writers exactly one gets
+each generation; the loser is fenced and turns read-only.
+
+A commit takes every record queued so far and every file's dirty bytes at one
+instant (no await in between), so each segment is a consistent cut and the
+state after a crash is a prefix of the commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import trio
+
+from sealfs.errors import FencedError, ObjectExistsError, SealfsError
+from sealfs.meta import ops
+from sealfs.meta.codec import Segment, encode_segment, sealed_hash, segment_name, snapshot_name
+from sealfs.meta.compact import compact
+from sealfs.volume.filedata import Detached, FileData, record
+from sealfs.volume.loader import Loaded
+
+log = logging.getLogger("sealfs.volume")
+
+SNAPSHOT_EVERY_OPS = 50_000
+SNAPSHOT_EVERY_BYTES = 32 << 20
+
+
+class Committer:
+    """Owns the queue of records and the commit sequence of one writable volume."""
+
+    def __init__(
+        self, loaded: Loaded, files: FileData, limiter: trio.CapacityLimiter, interval: float
+    ) -> None:
+        self._store = loaded.store
+        self._volume_id = loaded.volume_id
+        self._meta_key = loaded.subkeys.meta_key
+        self._live = loaded.live
+        self.generation = loaded.live.generation
+        self._head_hash = loaded.live.head_hash
+        # The newest snapshot and the segments after it: what compaction starts from.
+        self._base = loaded.base
+        self._tail = loaded.tail
+        self._compacting = False
+        self._files = files
+        self._limiter = limiter
+        self.interval = interval
+        self.pending: list[ops.Op] = []
+        self._lock = trio.Lock()  # one commit at a time
+        self.gate = trio.Lock()  # held by partial flushes; a commit's cut waits for them
+        self._wake = trio.Event()
+        self._started = 0
+        self._finished = 0
+        self._done = trio.Event()
+        self._failure: BaseException | None = None
+        self.fenced: FencedError | None = None
+        self.last_commit_ns = loaded.live.committed_ns
+        self.segments_written = 0
+
+    def record(self, op: ops.Op) -> None:
+        """Apply a record to the live state and queue it for the next commit."""
+        record(self._live, self.pending, op)
+
+    def has_work(self) -> bool:
+        return bool(self.pending) or bool(self._files.dirty_inodes())
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def sync(self) -> None:
+        """Return once everything recorded or written before the call is committed.
+
+        Concurrent callers share commits (group commit). Raises the commit's
+        error (StoreError, FencedError) if the commit that would cover them fails.
+        """
+        if self.fenced is not None:
+            raise self.fenced
+        target = self._started + 1
+        while self._finished < target:
+            self.kick()
+            done = self._done
+            await done.wait()
+            if self._failure is not None and self._finished >= target:
+                raise self._failure
+
+    async def loop(self) -> None:
+        """Commit every interval while there is work, and at once when asked."""
+        while self.fenced is None:
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if self.has_work() or self._started > self._finished:
+                try:
+                    await self.commit()
+                except FencedError:
+                    return
+                except SealfsError as exc:
+                    log.error("commit failed, will retry: %s", exc)
+                    await trio.sleep(min(self.interval, 1.0))
+            if self.snapshot_due():
+                try:
+                    await self.snapshot()
+                except SealfsError as exc:
+                    log.warning("snapshot failed, will retry later: %s", exc)
+
+    async def commit(self, extra: list[ops.Op] | None = None) -> None:
+        """Run one commit now (waiting for one in progress). Raises StoreError, FencedError."""
+        async with self._lock:
+            if self.fenced is not None:
+                raise self.fenced
+            self._started += 1
+            try:
+                await self._commit(extra or [])
+                self._failure = None
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            finally:
+                self._finished = self._started
+                self._done.set()
+                self._done = trio.Event()
+
+    async def _commit(self, extra: list[ops.Op]) -> None:
+        async with self.gate:
+            batch, self.pending = self.pending, []
+            jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
+        for op in extra:
+            record(self._live, batch, op)
+        try:
+            await self._flush_all(jobs, batch)
+            if batch:
+                await self._write_segment(batch)
+        except BaseException:
+            self.pending[:0] = batch  # nothing recorded is ever dropped; retried next time
+            raise
+
+    def _detach(self, ino: int, batch: list[ops.Op]) -> Detached | None:
+        """Take a file's dirty bytes for this commit, recording its attributes as of now.
+
+        Writes change size and times only in memory; the record made here, at
+        the commit's cut, is what makes them durable together with the data.
+        """
+        inode = self._live.inodes.get(ino)
+        if inode is None:
+            return None
+        job = self._files.detach(inode)
+        if job is not None:
+            record(self._live, batch, ops.put_inode(inode))
+        return job
+
+    async def relieve_pressure(self) -> None:
+        """Seal the largest dirty file early so buffered memory stays bounded.
+
+        Its records join the queue for the next commit; the chunks go to the
+        store now (unreferenced until that commit, like any upload in flight).
+        """
+        async with self.gate:
+            dirty = self._files.dirty_inodes()
+            if not dirty:
+                return
+            ino = max(dirty, key=lambda i: self._files.files[i].dirty.nbytes)
+            job = self._detach(ino, self.pending)
+            if job is None:
+                return
+            try:
+                tail = await self._files.flush(job, self.pending, keep_tail=True)
+            except BaseException:
+                self._files.finish(job, None, failed=True)
+                raise
+            self._files.finish(job, tail, failed=False)
+
+    async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
+        failure: list[BaseException] = []
+
+        async def one(job: Detached) -> None:
+            try:
+                tail = await self._files.flush(job, batch, keep_tail=False)
+            except BaseException as exc:
+                self._files.finish(job, None, failed=True)
+                if not isinstance(exc, Exception):
+                    raise
+                failure.append(exc)  # let the other files finish; report the first failure
+                return
+            self._files.finish(job, tail, failed=False)
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(one, job)
+        if failure:
+            raise failure[0]
+
+    async def _write_segment(self, batch: list[ops.Op]) -> None:
+        gen = self.generation + 1
+        segment = Segment(gen, self._head_hash, time.time_ns(), batch)
+        try:
+            sealed = await trio.to_thread.run_sync(
+                self._seal_and_publish, segment, limiter=self._limiter
+            )
+        except FencedError as exc:
+            self.fenced = exc
+            log.error("%s", exc)
+            raise
+        self.generation, self._head_hash = gen, sealed_hash(sealed)
+        self.last_commit_ns = segment.time_ns
+        self.segments_written += 1
+        self._tail.append((segment, sealed))
+
+    def _seal_and_publish(self, segment: Segment) -> bytes:
+        """Worker thread: chunks durable, then the segment created, then it durable."""
+        sealed = encode_segment(self._meta_key, self._volume_id, segment)
+        self._store.sync()
+        try:
+            self._store.put_if_absent(segment_name(segment.generation), sealed)
+        except ObjectExistsError:
+            raise FencedError(
+                f"another writer committed generation {segment.generation} first: this mount"
+                " was taken over (fenced) and is now read-only; unmount it"
+            ) from None
+        self._store.sync()
+        return sealed
+
+    def snapshot_due(self) -> bool:
+        ops_since = sum(len(segment.ops) for segment, _ in self._tail)
+        bytes_since = sum(len(sealed) for _, sealed in self._tail)
+        return ops_since >= SNAPSHOT_EVERY_OPS or bytes_since >= SNAPSHOT_EVERY_BYTES
+
+    async def snapshot(self) -> None:
+        """Write s/<gen> for the newest committed generation, in a worker thread.
+
+        Built from the previous snapshot and the sealed segments since, never
+        from the live state (which runs ahead of what is committed).
+        """
+        if self._compacting or not self._tail:
+            return
+        self._compacting = True
+        try:
+            tail = list(self._tail)
+            gen, sealed = await trio.to_thread.run_sync(
+                compact, self._meta_key, self._volume_id, self._base, tail, limiter=self._limiter
+            )
+            name = snapshot_name(gen)
+            with contextlib.suppress(ObjectExistsError):  # a remount already wrote it
+                await trio.to_thread.run_sync(self._store.put_if_absent, name, sealed, limiter=self._limiter)
+            self._base = (gen, sealed)
+            del self._tail[: len(tail)]
+            log.info("wrote snapshot %s (%d bytes)", name, len(sealed))
+        finally:
+            self._compacting = False

@@ -1,0 +1,535 @@
+"""The Volume: POSIX-like operations on an unlocked, loaded volume.
+
+Every change is made by recording a metadata operation (applied to the live
+state and queued for the next commit), so that what the engine shows and
+what a remount replays are the same thing. Permission checks are the
+kernel's (the FUSE mount uses default_permissions); POSIX structure rules
+(ENOTEMPTY, EISDIR, rename into a subtree, name lengths) are enforced here.
+Raises FsError for POSIX failures and StoreError/IntegrityError for storage.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+
+from sealfs.chunking.fastcdc import Chunker
+from sealfs.errors import FencedError, FsError
+from sealfs.meta import ops
+from sealfs.meta.model import ROOT_INO, Inode, MetaState
+from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
+from sealfs.volume.chunks import Chunks
+from sealfs.volume.committer import Committer
+from sealfs.volume.filedata import FileData
+from sealfs.volume.loader import Loaded, release_record
+from sealfs.volume.options import VolumeOptions
+
+log = logging.getLogger("sealfs.volume")
+
+NAME_MAX = 255
+XATTR_NAME_MAX = 255
+XATTR_SIZE_MAX = 65536
+XATTR_CREATE = 1
+XATTR_REPLACE = 2
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+@dataclass(eq=False)
+class Handle:
+    ino: int
+    flags: int
+
+
+class Volume:
+    """One mounted volume. Use `async with volume.running():` around all calls."""
+
+    def __init__(self, loaded: Loaded, options: VolumeOptions) -> None:
+        self.loaded = loaded
+        self.options = options
+        self.meta: MetaState = loaded.live
+        self.store = loaded.store
+        self._limiter = trio.CapacityLimiter(options.io_threads)
+        self.chunks = Chunks(
+            loaded.store, loaded.volume_id, loaded.subkeys, self._limiter, options.chunk_cache_bytes
+        )
+        self.files = FileData(
+            self.meta, self.chunks, Chunker(loaded.subkeys.chunker_seed), self._spawn
+        )
+        self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)
+        self.read_only = options.read_only
+        self._nursery: trio.Nursery | None = None
+        self._handles: dict[int, Handle | list[tuple[bytes, int]]] = {}
+        self._next_fh = 1
+        self._lookups: dict[int, int] = {}
+        self._opens: dict[int, int] = {}
+        self._relieving = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Volume]:
+        """Run the background commit loop; on exit commit everything and release the volume."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if not self.read_only:
+                nursery.start_soon(self.commits.loop)
+            try:
+                yield self
+                if not self.read_only:
+                    await self.close()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        """Commit everything, marking the writer released. Raises StoreError on failure."""
+        if self.read_only:
+            return
+        await self.commits.commit(extra=[release_record(self.loaded)])
+        self.read_only = True
+
+    def _spawn(self, fn: partial[object] | object) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn)  # type: ignore[arg-type]
+
+    def _writable(self) -> None:
+        if self.commits.fenced is not None or self.read_only:
+            raise FsError(errno.EROFS)
+
+    def _record(self, op: ops.Op) -> None:
+        self.commits.record(op)
+
+    # -- lookups -----------------------------------------------------------------------
+
+    def inode(self, ino: int) -> Inode:
+        inode = self.meta.inodes.get(ino)
+        if inode is None:
+            raise FsError(errno.ENOENT)
+        return inode
+
+    def _dir(self, ino: int) -> Inode:
+        inode = self.inode(ino)
+        if inode.entries is None:
+            raise FsError(errno.ENOTDIR)
+        return inode
+
+    def note_lookup(self, ino: int, count: int = 1) -> None:
+        """The kernel now holds count more references to ino (entry replies)."""
+        self._lookups[ino] = self._lookups.get(ino, 0) + count
+
+    async def lookup(self, parent: int, name: bytes) -> Attr:
+        _check_name(name)
+        entries = self._dir(parent).entries
+        assert entries is not None
+        ino = entries.get(name)
+        if ino is None:
+            raise FsError(errno.ENOENT)
+        self.note_lookup(ino)
+        return attr_of(self.inode(ino))
+
+    async def getattr(self, ino: int) -> Attr:
+        return attr_of(self.inode(ino))
+
+    async def forget(self, items: list[tuple[int, int]]) -> None:
+        for ino, count in items:
+            left = self._lookups.get(ino, 0) - count
+            if left > 0:
+                self._lookups[ino] = left
+            else:
+                self._lookups.pop(ino, None)
+                self._maybe_delete(ino)
+
+    async def readlink(self, ino: int) -> bytes:
+        inode = self.inode(ino)
+        if not stat.S_ISLNK(inode.mode):
+            raise FsError(errno.EINVAL)
+        return inode.target
+
+    # -- creating nodes ----------------------------------------------------------------
+
+    def _new_node(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, *, rdev: int = 0, target: bytes = b""
+    ) -> Inode:
+        self._writable()
+        _check_name(name)
+        pdir = self._dir(parent)
+        assert pdir.entries is not None
+        if name in pdir.entries:
+            raise FsError(errno.EEXIST)
+        if pdir.mode & stat.S_ISGID:
+            gid = pdir.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
+        now = time.time_ns()
+        is_dir = stat.S_ISDIR(mode)
+        ino = self.meta.next_ino
+        self._record(ops.new_inode_record(
+            ino=ino, mode=mode, uid=uid, gid=gid, nlink=2 if is_dir else 1,
+            size=len(target), atime_ns=now, mtime_ns=now, ctime_ns=now, rdev=rdev,
+            parent=parent if is_dir else 0, target=target,
+        ))  # fmt: skip
+        self._record(ops.link(parent, name, ino))
+        self._record(ops.put_inode(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink + is_dir))
+        self.note_lookup(ino)
+        return self.meta.inodes[ino]
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attr:
+        if stat.S_IFMT(mode) not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise FsError(errno.EINVAL)
+        return attr_of(self._new_node(parent, name, mode, uid, gid, rdev=rdev))
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
+        return attr_of(self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
+        if len(target) > 4095:
+            raise FsError(errno.ENAMETOOLONG)
+        return attr_of(self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target))
+
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int) -> tuple[int, Attr]:
+        inode = self._new_node(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        return self._open_handle(inode.ino, flags), attr_of(inode)
+
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
+        self._writable()
+        _check_name(new_name)
+        inode = self.inode(ino)
+        if inode.is_dir:
+            raise FsError(errno.EPERM)
+        pdir = self._dir(new_parent)
+        assert pdir.entries is not None
+        if new_name in pdir.entries:
+            raise FsError(errno.EEXIST)
+        now = time.time_ns()
+        self._record(ops.link(new_parent, new_name, ino))
+        self._record(ops.put_inode(inode, nlink=inode.nlink + 1, ctime_ns=now))
+        self._record(ops.put_inode(pdir, mtime_ns=now, ctime_ns=now))
+        self.note_lookup(ino)
+        return attr_of(inode)
+
+    # -- removing nodes ----------------------------------------------------------------
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        self._remove(parent, name, want_dir=False)
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        self._remove(parent, name, want_dir=True)
+
+    def _remove(self, parent: int, name: bytes, *, want_dir: bool) -> None:
+        self._writable()
+        _check_name(name)
+        pdir = self._dir(parent)
+        assert pdir.entries is not None
+        ino = pdir.entries.get(name)
+        if ino is None:
+            raise FsError(errno.ENOENT)
+        victim = self.inode(ino)
+        self._check_replaceable(victim, want_dir)
+        now = time.time_ns()
+        self._record(ops.unlink(parent, name))
+        self._drop_link(victim, now)
+        self._record(ops.put_inode(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink - victim.is_dir))
+
+    def _check_replaceable(self, victim: Inode, want_dir: bool) -> None:
+        if want_dir and not victim.is_dir:
+            raise FsError(errno.ENOTDIR)
+        if not want_dir and victim.is_dir:
+            raise FsError(errno.EISDIR)
+        if victim.entries:
+            raise FsError(errno.ENOTEMPTY)
+
+    def _drop_link(self, victim: Inode, now: int) -> None:
+        """One name of victim is gone; delete it once nothing refers to it."""
+        nlink = 0 if victim.is_dir else victim.nlink - 1
+        self._record(ops.put_inode(victim, nlink=nlink, ctime_ns=now))
+        self._maybe_delete(victim.ino)
+
+    def _maybe_delete(self, ino: int) -> None:
+        inode = self.meta.inodes.get(ino)
+        if inode is None or inode.nlink > 0 or ino == ROOT_INO:
+            return
+        if self._lookups.get(ino) or self._opens.get(ino) or self.read_only:
+            return  # an orphan until the kernel and every open handle let go
+        self._record(ops.del_inode(ino))
+        self.files.forget(ino)
+
+    # -- rename ------------------------------------------------------------------------
+
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0) -> None:
+        self._writable()
+        _check_name(old_name)
+        _check_name(new_name)
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            raise FsError(errno.EINVAL)
+        src_dir, dst_dir = self._dir(old_parent), self._dir(new_parent)
+        assert src_dir.entries is not None and dst_dir.entries is not None
+        src_ino = src_dir.entries.get(old_name)
+        if src_ino is None:
+            raise FsError(errno.ENOENT)
+        dst_ino = dst_dir.entries.get(new_name)
+        if flags & RENAME_NOREPLACE and dst_ino is not None:
+            raise FsError(errno.EEXIST)
+        if flags & RENAME_EXCHANGE:
+            if dst_ino is None:
+                raise FsError(errno.ENOENT)
+            self._exchange(src_dir, old_name, src_ino, dst_dir, new_name, dst_ino)
+            return
+        src = self.inode(src_ino)
+        if src.is_dir:
+            self._check_not_inside(src_ino, new_parent)
+        if dst_ino == src_ino:
+            return  # two names of one inode: POSIX says do nothing
+        now = time.time_ns()
+        victim_dir = False
+        if dst_ino is not None:
+            victim = self.inode(dst_ino)
+            self._check_replaceable(victim, src.is_dir)
+            victim_dir = victim.is_dir
+            self._record(ops.unlink(new_parent, new_name))
+            self._drop_link(victim, now)
+        self._record(ops.unlink(old_parent, old_name))
+        self._record(ops.link(new_parent, new_name, src_ino))
+        self._record(ops.put_inode(src, ctime_ns=now, parent=new_parent if src.is_dir else 0))
+        moved = int(src.is_dir and old_parent != new_parent)
+        self._touch_dir(src_dir, now, -moved - (victim_dir and src_dir is dst_dir))
+        if dst_dir is not src_dir:
+            self._touch_dir(dst_dir, now, moved - victim_dir)
+
+    def _touch_dir(self, directory: Inode, now: int, nlink_delta: int) -> None:
+        self._record(ops.put_inode(directory, mtime_ns=now, ctime_ns=now, nlink=directory.nlink + nlink_delta))
+
+    def _exchange(self, a_dir: Inode, a_name: bytes, a_ino: int, b_dir: Inode, b_name: bytes, b_ino: int) -> None:
+        a, b = self.inode(a_ino), self.inode(b_ino)
+        if a.is_dir:
+            self._check_not_inside(a_ino, b_dir.ino)
+        if b.is_dir:
+            self._check_not_inside(b_ino, a_dir.ino)
+        now = time.time_ns()
+        self._record(ops.link(a_dir.ino, a_name, b_ino))
+        self._record(ops.link(b_dir.ino, b_name, a_ino))
+        self._record(ops.put_inode(a, ctime_ns=now, parent=b_dir.ino if a.is_dir else 0))
+        self._record(ops.put_inode(b, ctime_ns=now, parent=a_dir.ino if b.is_dir else 0))
+        if a_dir is b_dir:
+            self._touch_dir(a_dir, now, 0)
+        else:
+            self._touch_dir(a_dir, now, b.is_dir - a.is_dir)
+            self._touch_dir(b_dir, now, a.is_dir - b.is_dir)
+
+    def _check_not_inside(self, dir_ino: int, target_parent: int) -> None:
+        """EINVAL if target_parent is dir_ino or lies below it (a cycle otherwise)."""
+        ino = target_parent
+        while True:
+            if ino == dir_ino:
+                raise FsError(errno.EINVAL)
+            if ino == ROOT_INO:
+                return
+            ino = self.inode(ino).parent
+
+    # -- attributes --------------------------------------------------------------------
+
+    async def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Attr:
+        self._writable()
+        inode = self.inode(ino)
+        now = time.time_ns()
+        if size is not None:
+            await self._truncate(inode, size, now)
+        changes: dict[str, int] = {"ctime_ns": now}
+        if mode is not None:
+            changes["mode"] = stat.S_IFMT(inode.mode) | (mode & 0o7777)
+        for key, value in (("uid", uid), ("gid", gid), ("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
+            if value is not None:
+                changes[key] = value
+        self._record(ops.put_inode(inode, **changes))
+        return attr_of(inode)
+
+    async def _truncate(self, inode: Inode, size: int, now: int) -> None:
+        if inode.is_dir:
+            raise FsError(errno.EISDIR)
+        if not inode.is_reg:
+            raise FsError(errno.EINVAL)
+        await self.files.wait_idle(inode.ino)
+        # No await from here on: a flush must not start between the wait and the cut.
+        self.files.truncate_buffers(inode.ino, size)
+        self._record(ops.put_inode(inode, size=size, mtime_ns=now, ctime_ns=now))
+
+    # -- files -------------------------------------------------------------------------
+
+    def _open_handle(self, ino: int, flags: int) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = Handle(ino, flags)
+        self._opens[ino] = self._opens.get(ino, 0) + 1
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if not isinstance(handle, Handle):
+            raise FsError(errno.EBADF)
+        return handle
+
+    async def open(self, ino: int, flags: int) -> int:
+        inode = self.inode(ino)
+        if inode.is_dir:
+            raise FsError(errno.EISDIR)
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and inode.is_reg:
+            self._writable()
+            if inode.size:
+                await self._truncate(inode, 0, time.time_ns())
+        elif flags & os.O_ACCMODE != os.O_RDONLY:
+            self._writable()
+        return self._open_handle(ino, flags)
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        inode = self.inode(self._handle(fh).ino)
+        if not inode.is_reg:
+            raise FsError(errno.EINVAL)
+        return await self.files.read(inode, offset, size)
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self._handle(fh)
+        self._writable()
+        inode = self.inode(handle.ino)
+        if handle.flags & os.O_APPEND:
+            offset = inode.size
+        self.files.write(inode, offset, data)
+        inode.mtime_ns = inode.ctime_ns = time.time_ns()  # recorded at the commit's cut
+        await self._apply_backpressure()
+        return len(data)
+
+    async def _apply_backpressure(self) -> None:
+        if self.files.buffered_bytes > self.options.flush_threshold and not self._relieving:
+            self._relieving = True
+            self._spawn(self._relieve)
+        while self.files.buffered_bytes > self.options.max_buffered:
+            await self.files.space.wait()
+
+    async def _relieve(self) -> None:
+        try:
+            while self.files.buffered_bytes > self.options.flush_threshold // 2:
+                await self.commits.relieve_pressure()
+        except Exception as exc:  # noqa: BLE001 - the next commit reports and retries
+            log.warning("early flush failed: %s", exc)
+        finally:
+            self._relieving = False
+
+    async def flush(self, fh: int) -> None:
+        """close(2) on a descriptor: commits first only with --sync-on-close."""
+        handle = self._handle(fh)
+        if self.options.sync_on_close and handle.flags & os.O_ACCMODE != os.O_RDONLY:
+            await self.fsync()
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, Handle):
+            left = self._opens.get(handle.ino, 0) - 1
+            if left > 0:
+                self._opens[handle.ino] = left
+            else:
+                self._opens.pop(handle.ino, None)
+                self._maybe_delete(handle.ino)
+
+    async def fsync(self) -> None:
+        """fsync, fdatasync, syncfs: everything recorded before the call is committed."""
+        if self.read_only:
+            return
+        try:
+            await self.commits.sync()
+        except FencedError:
+            raise FsError(errno.EROFS) from None
+
+    # -- directories -------------------------------------------------------------------
+
+    async def opendir(self, ino: int) -> int:
+        entries = self._dir(ino).entries
+        assert entries is not None
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = sorted(entries.items())
+        return fh
+
+    async def readdir(self, fh: int, start: int) -> list[DirEntry]:
+        """Entries from index start of the listing taken at opendir (names still present)."""
+        listing = self._handles.get(fh)
+        if not isinstance(listing, list):
+            raise FsError(errno.EBADF)
+        out = []
+        for index in range(start, len(listing)):
+            name, ino = listing[index]
+            inode = self.meta.inodes.get(ino)
+            if inode is not None:
+                out.append(DirEntry(name, attr_of(inode), index + 1))
+        return out
+
+    async def releasedir(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    # -- extended attributes -----------------------------------------------------------
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.inode(ino).xattrs.get(name)
+        if value is None:
+            raise FsError(errno.ENODATA)
+        return value
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return sorted(self.inode(ino).xattrs)
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        self._writable()
+        inode = self.inode(ino)
+        if not name or len(name) > XATTR_NAME_MAX:
+            raise FsError(errno.ERANGE)
+        if len(value) > XATTR_SIZE_MAX:
+            raise FsError(errno.E2BIG)
+        if flags & XATTR_CREATE and name in inode.xattrs:
+            raise FsError(errno.EEXIST)
+        if flags & XATTR_REPLACE and name not in inode.xattrs:
+            raise FsError(errno.ENODATA)
+        self._record(ops.set_xattr(ino, name, value))
+        self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
+
+    async def removexattr(self, ino: int, name: bytes) -> None:
+        self._writable()
+        inode = self.inode(ino)
+        if name not in inode.xattrs:
+            raise FsError(errno.ENODATA)
+        self._record(ops.del_xattr(ino, name))
+        self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
+
+    # -- whole volume ------------------------------------------------------------------
+
+    async def statfs(self) -> StatFs:
+        free = self.loaded.free_bytes()
+        used = sum(c.stored_size for c in self.meta.chunks.values())
+        files = len(self.meta.inodes)
+        return StatFs(
+            BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
+            files + 1_000_000, 1_000_000, NAME_MAX,
+        )  # fmt: skip
+
+
+def _check_name(name: bytes) -> None:
+    if len(name) > NAME_MAX:
+        raise FsError(errno.ENAMETOOLONG)
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise FsError(errno.EINVAL)
+

@@ -1,0 +1,336 @@
+"""File contents: buffered writes, reads through three layers, and flushes to chunks.
+
+A regular file's bytes come from three layers, newest on top: its dirty
+buffer (written, not yet flushed), its flushing buffer (detached by a flush
+that is sealing it right now), and its extent map (sealed chunks). A flush
+re-chunks only the written ranges plus any small neighbouring pieces, so a
+small write never rewrites a large chunk and fragments are merged back.
+
+At most one flush of a file runs at a time (its flushing layer is then set),
+and truncation waits for it to end, so an extent map is only replaced by the
+flush that read it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
+from sealfs.meta import ops
+from sealfs.meta.extents import Extent, ExtentMap
+from sealfs.meta.model import ChunkInfo, Inode, MetaState
+from sealfs.volume.buffers import SparseBuffer
+from sealfs.volume.chunks import Chunks
+
+log = logging.getLogger("sealfs.volume")
+
+WINDOW = 16 << 20  # bytes cut per CDC pass while streaming a flush
+READAHEAD = 4 << 20
+MAX_JOBS = 6  # chunks being sealed or uploaded at once per flush
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+
+def _set_event() -> trio.Event:
+    event = trio.Event()
+    event.set()
+    return event
+
+
+@dataclass(eq=False)
+class FileBuffers:
+    dirty: SparseBuffer = field(default_factory=SparseBuffer)
+    flushing: SparseBuffer | None = None
+    idle: trio.Event = field(default_factory=_set_event)  # set while nothing is flushing
+    last_read_end: int = -1
+
+
+@dataclass(frozen=True)
+class Region:
+    """A span to re-chunk: [start, end) made of new bytes and small old pieces."""
+
+    start: int
+    end: int
+
+
+def record(state: MetaState, sink: list[ops.Op], op: ops.Op) -> None:
+    """Apply a record to the live state and queue it for the next commit."""
+    ops.apply(state, op, live=True)
+    sink.append(op)
+
+
+class FileData:
+    """Buffers, reads and flushes for every regular file of one volume."""
+
+    def __init__(self, meta: MetaState, chunks: Chunks, chunker: Chunker, spawn: Spawn) -> None:
+        self._meta = meta
+        self._chunks = chunks
+        self._chunker = chunker
+        self._spawn = spawn
+        self.files: dict[int, FileBuffers] = {}
+        self.buffered_bytes = 0  # dirty plus flushing, across files
+        self.space = trio.Event()  # set when buffered_bytes drops
+
+    def buffers(self, ino: int) -> FileBuffers:
+        fb = self.files.get(ino)
+        if fb is None:
+            fb = self.files[ino] = FileBuffers()
+        return fb
+
+    def dirty_inodes(self) -> list[int]:
+        return [ino for ino, fb in self.files.items() if fb.dirty]
+
+    # -- writes and truncation ---------------------------------------------------------
+
+    def write(self, inode: Inode, offset: int, data: bytes) -> None:
+        """Buffer a write (no I/O); the caller updates times and applies back-pressure."""
+        fb = self.buffers(inode.ino)
+        before = fb.dirty.nbytes
+        fb.dirty.write(offset, data)
+        self.buffered_bytes += fb.dirty.nbytes - before
+        inode.size = max(inode.size, offset + len(data))
+
+    async def wait_idle(self, ino: int) -> None:
+        """Wait until no flush of ino runs; the caller must then not await before truncating."""
+        fb = self.files.get(ino)
+        while fb is not None and fb.flushing is not None:
+            await fb.idle.wait()
+
+    def truncate_buffers(self, ino: int, size: int) -> None:
+        """Drop buffered bytes beyond size; the caller has just waited for wait_idle."""
+        fb = self.files.get(ino)
+        if fb is not None:
+            before = fb.dirty.nbytes
+            fb.dirty.truncate(size)
+            self.buffered_bytes -= before - fb.dirty.nbytes
+
+    def forget(self, ino: int) -> None:
+        """The inode is gone: drop its buffers without flushing them."""
+        fb = self.files.pop(ino, None)
+        if fb is not None:
+            self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
+            self.space.set()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def read(self, inode: Inode, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) clipped to the file size, as of the call."""
+        end = min(offset + size, inode.size)
+        if offset >= end:
+            return b""
+        assert inode.extents is not None
+        pieces = inode.extents.pieces(offset, end)
+        fb = self.files.get(inode.ino)
+        layers = []
+        if fb is not None:
+            layers = [b.copy_range(offset, end) for b in (fb.flushing, fb.dirty) if b]
+        out = bytearray(end - offset)
+        for piece, data in zip(pieces, await self._fetch(pieces), strict=True):
+            lo = piece.start - offset
+            out[lo : lo + piece.length] = data[piece.chunk_offset : piece.chunk_offset + piece.length]
+        for layer in layers:
+            layer.overlay(out, offset)
+        if fb is not None:
+            self._readahead(inode.extents, fb, offset, end)
+        return bytes(out)
+
+    async def _fetch(self, pieces: list[Extent]) -> list[bytes]:
+        ids = list(dict.fromkeys(p.chunk for p in pieces))
+        if len(ids) == 1:
+            got = {ids[0]: await self._chunks.read(ids[0])}
+        else:
+            got = {}
+
+            async def one(cid: bytes) -> None:
+                got[cid] = await self._chunks.read(cid)
+
+            async with trio.open_nursery() as nursery:
+                for cid in ids:
+                    nursery.start_soon(one, cid)
+        return [got[p.chunk] for p in pieces]
+
+    def _readahead(self, extents: ExtentMap, fb: FileBuffers, offset: int, end: int) -> None:
+        sequential = offset == fb.last_read_end
+        fb.last_read_end = end
+        if not sequential:
+            return
+        for piece in extents.pieces(end, end + READAHEAD):
+            if self._chunks.cache.get(piece.chunk) is None:
+                cid = piece.chunk
+                self._spawn(lambda cid=cid: self._chunks.prefetch(cid))  # type: ignore[misc]
+
+    # -- flushing ------------------------------------------------------------------------
+
+    def detach(self, inode: Inode) -> Detached | None:
+        """Move a file's dirty bytes to its flushing layer, if it has some and is idle."""
+        fb = self.files.get(inode.ino)
+        if fb is None or not fb.dirty or fb.flushing is not None:
+            return None
+        fb.flushing, fb.dirty = fb.dirty, SparseBuffer()
+        fb.idle = trio.Event()
+        return Detached(inode, fb, fb.flushing, inode.size)
+
+    def finish(self, job: Detached, tail: SparseBuffer | None, failed: bool) -> None:
+        """End a flush: release the flushing layer, putting back what was not sealed."""
+        fb = job.buffers
+        fb.flushing = None
+        fb.idle.set()
+        keep = job.data if failed else tail
+        self.buffered_bytes -= job.data.nbytes
+        if keep:
+            before = fb.dirty.nbytes
+            for start, data in keep.ranges():
+                fb.dirty.write_under(start, data)
+            self.buffered_bytes += fb.dirty.nbytes - before
+        self.space.set()
+        self.space = trio.Event()
+
+    async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
+        """Seal a detached buffer into chunks and record the new extents into sink.
+
+        Returns the bytes kept back (a partial last chunk at end of file, when
+        keep_tail asks for it, so that a streaming writer is cut as in one pass).
+        Raises StoreError and friends; then nothing was recorded for this file.
+        """
+        inode = job.inode
+        assert inode.extents is not None
+        fresh: dict[bytes, ChunkInfo] = {}
+        data_ops: list[ops.Op] = []
+        tail = SparseBuffer()
+        for region in _regions(job.data, inode.extents):
+            keep = keep_tail and region.end >= job.size and region.end - region.start > 2 * MAX_CHUNK
+            extents, kept = await self._seal_region(region, job.data, inode.extents, keep, fresh)
+            end = region.end - len(kept)
+            data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
+            if kept:
+                tail.write(end, kept)
+        produced = [ops.chunk(cid, c.plain_size, c.stored_size) for cid, c in fresh.items()]
+        produced += data_ops
+        if inode.ino in self._meta.inodes:
+            for op in produced:
+                record(self._meta, sink, op)
+        else:
+            sink.extend(produced)  # deleted meanwhile: the log still needs the history
+        return tail
+
+    async def _seal_region(
+        self,
+        region: Region,
+        data: SparseBuffer,
+        extents: ExtentMap,
+        keep_tail: bool,
+        fresh: dict[bytes, ChunkInfo],
+    ) -> tuple[list[Extent], bytes]:
+        """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
+        out: list[Extent] = []
+        slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by in-flight chunks
+        known = _Known(self._meta.chunks, fresh)
+        window = bytearray()
+        pos = region.start
+
+        async def store(at: int, piece: memoryview) -> None:
+            try:
+                stored = await self._chunks.store(piece, known)
+            finally:
+                slots.release()
+            if stored.uploaded:
+                fresh[stored.chunk_id] = ChunkInfo(stored.plain_size, stored.stored_size)
+            out.append(Extent(at, stored.plain_size, stored.chunk_id, 0))
+
+        async def emit(view: memoryview, lengths: list[int]) -> memoryview:
+            nonlocal pos
+            for n in lengths:
+                await slots.acquire()
+                nursery.start_soon(store, pos, view[:n])
+                view, pos = view[n:], pos + n
+            return view
+
+        async with trio.open_nursery() as nursery:
+            async for block in self._region_bytes(region, data, extents):
+                window += block
+                if len(window) < WINDOW:
+                    continue
+                lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
+                carry = lengths.pop()
+                window = bytearray(await emit(memoryview(window), lengths))
+                assert len(window) == carry
+            lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
+            kept = b""
+            if keep_tail and len(lengths) > 1:
+                kept = bytes(window[-lengths.pop() :])
+            await emit(memoryview(window), lengths)
+        out.sort(key=lambda e: e.start)
+        return out, kept
+
+    async def _region_bytes(
+        self, region: Region, data: SparseBuffer, extents: ExtentMap
+    ) -> AsyncIterator[bytes | bytearray | memoryview]:
+        """The region's bytes in order, in pieces of at most WINDOW: new data, old between."""
+        pos = region.start
+        for start, buf in data.ranges():
+            if not region.start <= start < region.end:
+                continue
+            if start > pos:
+                async for old in self._old_bytes(extents, pos, start):
+                    yield old
+            view = memoryview(buf)
+            for k in range(0, len(buf), WINDOW):
+                yield view[k : k + WINDOW]
+            pos = start + len(buf)
+        if pos < region.end:
+            async for old in self._old_bytes(extents, pos, region.end):
+                yield old
+
+    async def _old_bytes(self, extents: ExtentMap, start: int, end: int) -> AsyncIterator[bytes]:
+        pos = start
+        for piece in extents.pieces(start, end):
+            if piece.start > pos:
+                yield bytes(piece.start - pos)
+            chunk = await self._chunks.read(piece.chunk)
+            yield chunk[piece.chunk_offset : piece.chunk_offset + piece.length]
+            pos = piece.end
+        if pos < end:
+            yield bytes(end - pos)
+
+
+@dataclass(frozen=True, eq=False)
+class Detached:
+    """One file's buffered bytes taken for a flush, with its size at that moment."""
+
+    inode: Inode
+    buffers: FileBuffers
+    data: SparseBuffer
+    size: int
+
+
+class _Known:
+    """Chunk ids already stored: committed or registered ones, and this flush's own."""
+
+    def __init__(self, *maps: dict[bytes, ChunkInfo]) -> None:
+        self._maps = maps
+
+    def __contains__(self, chunk_id: object) -> bool:
+        return any(chunk_id in m for m in self._maps)
+
+
+def _regions(data: SparseBuffer, extents: ExtentMap) -> list[Region]:
+    """Written ranges widened over small neighbouring pieces, then merged."""
+    spans: list[list[int]] = []
+    for start, buf in data.ranges():
+        lo, hi = start, start + len(buf)
+        left = extents.covering(lo - 1) if lo > 0 else None
+        if left is not None and lo - left.start < MIN_CHUNK:
+            lo = left.start
+        right = extents.covering(hi)
+        if right is not None and right.end - hi < MIN_CHUNK:
+            hi = right.end
+        if spans and lo <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [Region(lo, hi) for lo, hi in spans]

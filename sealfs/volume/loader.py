@@ -1,0 +1,204 @@
+"""Creating a volume, and opening one: header, unlock, snapshot, replay, writer claim.
+
+Everything here is synchronous and runs before the FUSE loop (and before a
+mount daemonises), so that a wrong passphrase, a tampered object or another
+writer is reported on the terminal with a clear line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sealfs.crypto.subkeys import Subkeys, derive_subkeys
+from sealfs.errors import (
+    NotAVolumeError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    VolumeExistsError,
+    WriterConflictError,
+)
+from sealfs.keys.header import HEADER_NAME, VolumeHeader, decode_header
+from sealfs.keys.kdf import Argon2Params
+from sealfs.keys.slots import Secret, create_header, new_master_key, new_volume_id, unlock
+from sealfs.meta import ops
+from sealfs.meta.codec import (
+    SEGMENT_PREFIX,
+    SNAPSHOT_PREFIX,
+    Segment,
+    decode_segment,
+    decode_snapshot,
+    encode_segment,
+    parse_generation,
+    segment_name,
+)
+from sealfs.meta.compact import SealedSegment, Snapshot
+from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
+from sealfs.meta.replay import replay_segment
+from sealfs.store.base import ObjectStore
+
+
+@dataclass(eq=False)
+class Loaded:
+    """An unlocked volume's keys and state as of its newest committed generation."""
+
+    store: ObjectStore
+    header: VolumeHeader
+    subkeys: Subkeys = field(repr=False)
+    live: MetaState
+    base: Snapshot | None  # newest snapshot, for compaction
+    tail: list[SealedSegment]  # segments after it
+    writer: WriterInfo | None = None  # ours, once claimed
+
+    @property
+    def volume_id(self) -> bytes:
+        return self.header.volume_id
+
+    def free_bytes(self) -> int:
+        return self.store.free_bytes()
+
+
+def create_volume(
+    store: ObjectStore, passphrase: bytes, kdf: Argon2Params, recovery_key: bytes
+) -> VolumeHeader:
+    """Write a new, empty volume into an empty store. Raises VolumeExistsError.
+
+    The root directory's segment goes first and the header last, so a crash
+    half-way leaves no header, and the store is not mistaken for a volume.
+    """
+    if _exists(store, HEADER_NAME):
+        raise VolumeExistsError(f"{store.describe()} already holds a sealfs volume")
+    if store.list(""):
+        raise VolumeExistsError(
+            f"{store.describe()} is not empty and holds no sealfs volume: use an empty directory"
+        )
+    master_key, volume_id = new_master_key(), new_volume_id()
+    header_bytes = create_header(master_key, volume_id, passphrase, kdf, recovery_key)
+    subkeys = derive_subkeys(master_key, volume_id)
+    now = time.time_ns()
+    root = ops.new_inode_record(
+        ino=ROOT_INO, mode=stat.S_IFDIR | 0o755, uid=os.getuid(), gid=os.getgid(), nlink=2,
+        size=0, atime_ns=now, mtime_ns=now, ctime_ns=now, rdev=0, parent=ROOT_INO, target=b"",
+    )  # fmt: skip
+    first = Segment(1, bytes(32), now, [root])
+    store.put_if_absent(segment_name(1), encode_segment(subkeys.meta_key, volume_id, first))
+    store.sync()
+    store.put_if_absent(HEADER_NAME, header_bytes)
+    store.sync()
+    return decode_header(header_bytes)
+
+
+def read_header(store: ObjectStore) -> bytes:
+    """The header bytes. Raises NotAVolumeError if the store holds none."""
+    try:
+        return store.get(HEADER_NAME)
+    except ObjectNotFoundError:
+        raise NotAVolumeError(
+            f"{store.describe()} is not a sealfs volume (no {HEADER_NAME}): run 'sealfs init' first"
+        ) from None
+
+
+def open_volume(store: ObjectStore, secret: Secret) -> Loaded:
+    """Unlock and load the newest committed state. Raises WrongKeyError, IntegrityError,
+    FormatError, NotAVolumeError, StoreError."""
+    unlocked = unlock(read_header(store), secret)
+    meta_key, volume_id = unlocked.subkeys.meta_key, unlocked.header.volume_id
+    base, state = _load_snapshot(store, meta_key, volume_id)
+    tail: list[SealedSegment] = []
+    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
+    for name in names:
+        gen = parse_generation(name)
+        sealed = store.get(name)
+        segment = decode_segment(meta_key, volume_id, gen, sealed)
+        replay_segment(state, segment, sealed)
+        tail.append((segment, sealed))
+    return Loaded(store, unlocked.header, unlocked.subkeys, state, base, tail)
+
+
+def _load_snapshot(store: ObjectStore, meta_key: bytes, volume_id: bytes) -> tuple[Snapshot | None, MetaState]:
+    names = store.list(SNAPSHOT_PREFIX)
+    if not names:
+        return None, MetaState()
+    gen = parse_generation(names[-1])
+    sealed = store.get(names[-1])
+    return (gen, sealed), decode_snapshot(meta_key, volume_id, gen, sealed)
+
+
+def check_writer(loaded: Loaded, *, takeover: bool) -> None:
+    """Refuse to write while another writer may be live. Raises WriterConflictError."""
+    prev = loaded.live.writer
+    if prev is None or prev.released or takeover:
+        return
+    since = datetime.fromtimestamp(prev.since_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if prev.host == socket.gethostname():
+        if _pid_alive(prev.pid):
+            raise WriterConflictError(
+                f"volume is mounted read-write by pid {prev.pid} on this host since {since}:"
+                " unmount it first, or mount with --read-only"
+            )
+        return  # that writer died without releasing: nothing can still write
+    raise WriterConflictError(
+        f"volume is mounted read-write by host {prev.host} pid {prev.pid} since {since}:"
+        " unmount it there, or if that writer crashed, mount with --takeover"
+    )
+
+
+def claim_writer(loaded: Loaded) -> WriterInfo:
+    """Commit a segment naming this process as the writer, purging orphaned inodes.
+
+    Called by the process that will write (after a daemon forks, by the
+    daemon). Raises WriterConflictError if another writer got there first.
+    """
+    state = loaded.live
+    info = WriterInfo(socket.gethostname(), os.getpid(), os.urandom(16), time.time_ns(), False)
+    records = [ops.writer(info)]
+    records += [ops.del_inode(ino) for ino, inode in state.inodes.items() if inode.nlink == 0]
+    segment = Segment(state.generation + 1, state.head_hash, time.time_ns(), records)
+    sealed = encode_segment(loaded.subkeys.meta_key, loaded.volume_id, segment)
+    try:
+        loaded.store.put_if_absent(segment_name(segment.generation), sealed)
+    except ObjectExistsError:
+        raise WriterConflictError(
+            "another writer committed to the volume while it was being mounted: try again"
+        ) from None
+    loaded.store.sync()
+    replay_segment(state, segment, sealed)
+    loaded.tail.append((segment, sealed))
+    loaded.writer = info
+    return info
+
+
+def release_record(loaded: Loaded) -> ops.Op:
+    """The record a clean unmount commits last: the writer lets go of the volume."""
+    assert loaded.writer is not None
+    w = loaded.writer
+    return ops.writer(WriterInfo(w.host, w.pid, w.mount_id, w.since_ns, True))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().split(b") ", 1)[-1][:1] == b"Z":
+                return False  # a zombie holds no mount
+    return True
+
+
+def _exists(store: ObjectStore, name: str) -> bool:
+    try:
+        store.stat(name)
+    except ObjectNotFoundError:
+        return False
+    return True

@@ -1,0 +1,16 @@
+"""Tunables of a mounted volume, with the defaults the README documents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VolumeOptions:
+    commit_interval: float = 1.0  # seconds between background commits
+    sync_on_close: bool = False  # close(2) waits for a commit
+    read_only: bool = False
+    io_threads: int = 8  # store requests and sealing work in flight
+    chunk_cache_bytes: int = 64 << 20  # decrypted chunks kept in memory
+    flush_threshold: int = 48 << 20  # buffered bytes that start an early flush
+    max_buffered: int = 128 << 20  # buffered bytes at which writers wait

@@ -1,0 +1,155 @@
+"""CachingStore: request economy, what it caches, eviction, and surviving cache failures."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from sealfs.errors import ConfigError, ObjectNotFoundError
+from sealfs.store.cache import CachingStore
+from sealfs.store.memory import MemoryStore
+
+
+def cached_files(cache_dir: Path) -> dict[str, int]:
+    return {
+        p.relative_to(cache_dir).as_posix(): p.stat().st_size
+        for p in cache_dir.rglob("*")
+        if p.is_file()
+    }
+
+
+def make(tmp_path: Path, max_bytes: int = 1 << 20) -> tuple[CachingStore, MemoryStore]:
+    memory = MemoryStore()
+    return CachingStore(memory, tmp_path / "cache", max_bytes), memory
+
+
+def test_second_get_sends_no_request(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    memory.put("c/ab/x", b"sealed chunk")
+    assert store.get("c/ab/x") == b"sealed chunk"
+    assert store.get("c/ab/x") == b"sealed chunk"
+    assert memory.counts["get"] == 1
+    assert cached_files(store.cache_dir) == {"c/ab/x": 12}
+    assert store.cache_bytes() == 12
+
+
+def test_put_writes_through(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    store.put_if_absent("c/ab/x", b"chunk one")
+    store.put("c/cd/y", b"chunk two")
+    assert store.get("c/ab/x") == b"chunk one"
+    assert store.get("c/cd/y") == b"chunk two"
+    assert memory.counts["get"] == 0
+    assert memory.get("c/ab/x") == b"chunk one"
+
+
+def test_header_segments_and_snapshots_are_not_cached(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    for name in ("sealfs.vol", "l/00000001", "s/00000001"):
+        store.put(name, b"metadata")
+        store.get(name)
+        store.get(name)
+    store.put_if_absent("l/00000002", b"segment")
+    store.put_if_match("sealfs.vol", b"v2", memory.stat("sealfs.vol").etag)
+    assert memory.counts["get"] == 6
+    assert cached_files(store.cache_dir) == {}
+    assert store.cache_bytes() == 0
+
+
+def test_eviction_keeps_total_within_max_bytes_lru_first(tmp_path: Path) -> None:
+    store, memory = make(tmp_path, max_bytes=1000)
+    for i in range(3):
+        store.put(f"c/00/{i}", bytes(300))
+    store.get("c/00/0")  # now the most recently used
+    store.put("c/00/3", bytes(300))  # evicts c/00/1, the least recently used
+    assert store.cache_bytes() == 900
+    assert set(cached_files(store.cache_dir)) == {"c/00/0", "c/00/2", "c/00/3"}
+    for i in range(4, 20):
+        store.put(f"c/00/{i}", bytes(300))
+        assert store.cache_bytes() <= 1000
+        assert sum(cached_files(store.cache_dir).values()) <= 1000
+    store.put("c/00/huge", bytes(5000))  # larger than the cache: not cached at all
+    assert "c/00/huge" not in cached_files(store.cache_dir)
+    assert store.get("c/00/1") == bytes(300)  # evicted, so fetched again
+    assert memory.counts["get"] == 1
+
+
+def test_index_is_rebuilt_on_start_in_mtime_order(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    for i in range(4):
+        store.put(f"c/00/{i}", bytes(100))
+        stamp = 1_700_000_000 + (3 - i) * 10  # c/00/3 is the oldest
+        os.utime(tmp_path / "cache" / "c" / "00" / str(i), (stamp, stamp))
+    (tmp_path / "cache" / "c" / "00" / ".tmp-leftover").write_bytes(b"half")
+    reopened = CachingStore(memory, tmp_path / "cache", max_bytes=250)
+    assert reopened.cache_bytes() == 200
+    kept = {n for n in cached_files(reopened.cache_dir) if ".tmp-" not in n}
+    assert kept == {"c/00/0", "c/00/1"}
+    assert reopened.get("c/00/0") == bytes(100)
+    assert memory.counts["get"] == 0
+
+
+def test_delete_and_discard_drop_the_cached_copy(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    store.put("c/ab/x", b"x")
+    store.put("c/ab/y", b"y")
+    store.delete("c/ab/x")
+    with pytest.raises(ObjectNotFoundError):
+        store.get("c/ab/x")
+    store.discard("c/ab/y")
+    assert store.get("c/ab/y") == b"y"
+    assert memory.counts["get"] == 2
+    assert store.cache_bytes() == 1
+
+
+def test_wrong_length_cache_file_falls_back_to_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, memory = make(tmp_path)
+    store.put("c/ab/x", b"the sealed chunk")
+    (store.cache_dir / "c" / "ab" / "x").write_bytes(b"the sealed")  # truncated
+    with caplog.at_level(logging.WARNING, logger="sealfs.store"):
+        assert store.get("c/ab/x") == b"the sealed chunk"
+    assert memory.counts["get"] == 1
+    assert "c/ab/x" in caplog.text
+    assert (store.cache_dir / "c" / "ab" / "x").read_bytes() == b"the sealed chunk"
+    assert store.get("c/ab/x") == b"the sealed chunk"
+    assert memory.counts["get"] == 1
+
+
+def test_vanished_cache_file_falls_back_to_store(tmp_path: Path) -> None:
+    store, memory = make(tmp_path)
+    store.put("c/ab/x", b"chunk")
+    (store.cache_dir / "c" / "ab" / "x").unlink()
+    assert store.get("c/ab/x") == b"chunk"
+    assert memory.counts["get"] == 1
+
+
+def test_full_cache_disk_does_not_fail_get_or_put(
+    tiny_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    memory = MemoryStore()
+    store = CachingStore(memory, tiny_tmpfs, max_bytes=100 << 20)
+    chunks = {f"c/0{i}/chunk": bytes([i]) * (300 << 10) for i in range(6)}
+    with caplog.at_level(logging.WARNING, logger="sealfs.store"):
+        for name, data in list(chunks.items())[:3]:
+            store.put(name, data)
+        for name, data in list(chunks.items())[3:]:
+            memory.put(name, data)
+        for name, data in chunks.items():
+            assert store.get(name) == data
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"cache disk full at {tiny_tmpfs}; continuing without caching"]
+    assert sum(cached_files(tiny_tmpfs).values()) == store.cache_bytes() <= 1 << 20
+    assert not [p for p in tiny_tmpfs.rglob(".tmp-*")]
+    for name, data in chunks.items():
+        assert memory.get(name) == data
+
+
+def test_cache_dir_that_cannot_be_created_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="cannot create cache directory"):
+        CachingStore(MemoryStore(), tmp_path / "file" / "cache", 1000)

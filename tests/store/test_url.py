@@ -1,0 +1,71 @@
+"""open_store and local URL helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sealfs.errors import ConfigError
+from sealfs.store.cache import CachingStore
+from sealfs.store.local import LocalStore
+from sealfs.store.memory import MemoryStore
+from sealfs.store.retry import RetryingStore
+from sealfs.store.url import is_local_url, local_path, open_store
+
+
+def test_plain_path_opens_a_retrying_local_store(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "vol"))
+    assert isinstance(store, RetryingStore)
+    assert isinstance(store.inner, LocalStore)
+    assert store.inner.root == tmp_path / "vol"
+    store.put("c/ab/x", b"x")
+    assert (tmp_path / "vol" / "c" / "ab" / "x").read_bytes() == b"x"
+
+
+def test_file_url_with_cache(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/my%20vol", cache_dir=tmp_path / "cache", cache_bytes=99)
+    assert isinstance(store, CachingStore)
+    assert store.max_bytes == 99
+    assert isinstance(store.inner, RetryingStore)
+    assert isinstance(store.inner.inner, LocalStore)
+    assert store.inner.inner.root == tmp_path / "my vol"
+
+
+def test_memory_url() -> None:
+    assert isinstance(open_store("memory://"), MemoryStore)
+    assert not is_local_url("memory://")
+
+
+def test_s3_is_not_supported_yet() -> None:
+    with pytest.raises(ConfigError, match="S3 stores are not supported yet"):
+        open_store("s3://bucket/prefix")
+
+
+def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store("ftp://user:hunter2@host/vol")
+    message = str(info.value)
+    assert "hunter2" not in message
+    assert "ftp://" in message
+    assert "file:///" in message
+    assert "memory://" in message
+
+
+@pytest.mark.parametrize("url", ["", "file://otherhost/vol", "file://relative"])
+def test_bad_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+def test_local_path_and_is_local_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert local_path("vol") == tmp_path / "vol"
+    assert local_path("/srv/../srv/vol") == Path("/srv/vol")
+    assert local_path("file:///srv/vol") == Path("/srv/vol")
+    assert local_path("file://localhost/srv/vol") == Path("/srv/vol")
+    assert is_local_url("/srv/vol")
+    assert is_local_url("file:///srv/vol")
+    assert not is_local_url("s3://bucket")
+    with pytest.raises(ConfigError):
+        local_path("s3://bucket")
