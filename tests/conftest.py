@@ -82,5 +82,7 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Fail the test if sealfs logged a warning or error it did not expect."""
     caplog.set_level(logging.WARNING, logger="sealfs")
     yield
-    bad = [r for r in caplog.records if r.name.startswith("sealfs") and r.levelno >= logging.WARNING]
+    bad = [
+        r for r in caplog.records if r.name.startswith("sealfs") and r.levelno >= logging.WARNING
+    ]
     assert not bad, [r.getMessage() for r in bad]

@@ -26,7 +26,7 @@ from sealfs.crypto.envelope import (
 from sealfs.errors import FormatError
 from sealfs.meta import ops
 from sealfs.meta.extents import ExtentMap
-from sealfs.meta.model import ChunkInfo, Inode, MetaState, WriterInfo
+from sealfs.meta.model import Inode, MetaState
 
 SEGMENT_PREFIX = "l/"
 SNAPSHOT_PREFIX = "s/"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 from sealfs.errors import FormatError
 
@@ -100,7 +101,7 @@ class ExtentMap:
         if not isinstance(rows, list):
             raise FormatError("malformed extent list")
         extents = [extent_from_wire(row) for row in rows]
-        for before, after in zip(extents, extents[1:], strict=False):
+        for before, after in pairwise(extents):
             if after.start < before.end:
                 raise FormatError("overlapping extents in metadata")
         return cls(extents)

@@ -29,7 +29,6 @@ CHUNK = 8
 WRITER = 9
 
 
-
 def inode_fields(inode: Inode) -> list[Any]:
     return [
         inode.ino, inode.mode, inode.uid, inode.gid, inode.nlink, inode.size,
@@ -71,7 +70,14 @@ def unlink(parent: int, name: bytes) -> Op:
 
 def data(ino: int, start: int, end: int, extents: list[Extent], size: int) -> Op:
     """Bytes [start, end) of ino are now exactly extents (holes elsewhere in the range)."""
-    return [DATA, ino, start, end, [[e.start, e.length, e.chunk, e.chunk_offset] for e in extents], size]
+    return [
+        DATA,
+        ino,
+        start,
+        end,
+        [[e.start, e.length, e.chunk, e.chunk_offset] for e in extents],
+        size,
+    ]
 
 
 def set_xattr(ino: int, name: bytes, value: bytes) -> Op:

@@ -117,7 +117,10 @@ class Chunks:
         try:
             sealed = self._store.get(name)
             flags, body = open_object(
-                self._keys.chunk_key, ObjectKind.CHUNK, chunk_binding(self._volume_id, chunk_id), sealed
+                self._keys.chunk_key,
+                ObjectKind.CHUNK,
+                chunk_binding(self._volume_id, chunk_id),
+                sealed,
             )
             return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
         except ObjectNotFoundError:
@@ -139,7 +142,9 @@ class Chunks:
             await pending.wait()  # then look in the cache again (or fetch, if it failed)
         done = self._inflight[chunk_id] = trio.Event()
         try:
-            data = await trio.to_thread.run_sync(self._get_and_open, chunk_id, limiter=self._limiter)
+            data = await trio.to_thread.run_sync(
+                self._get_and_open, chunk_id, limiter=self._limiter
+            )
             self.cache.put(chunk_id, data)
             return data
         finally:
@@ -152,5 +157,5 @@ class Chunks:
             return
         try:
             await self.read(chunk_id)
-        except Exception as exc:  # noqa: BLE001 - the foreground read reports it
+        except Exception as exc:
             log.debug("prefetch of %s failed: %s", chunk_name(chunk_id), exc)

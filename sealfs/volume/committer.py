@@ -41,12 +41,13 @@ class Committer:
         self._store = loaded.store
         self._volume_id = loaded.volume_id
         self._meta_key = loaded.subkeys.meta_key
+        self._loaded = loaded
         self._live = loaded.live
-        self.generation = loaded.live.generation
-        self._head_hash = loaded.live.head_hash
-        # The newest snapshot and the segments after it: what compaction starts from.
+        self.generation = 0
+        self._head_hash = b""
         self._base = loaded.base
         self._tail = loaded.tail
+        self.start()
         self._compacting = False
         self._files = files
         self._limiter = limiter
@@ -57,11 +58,20 @@ class Committer:
         self._wake = trio.Event()
         self._started = 0
         self._finished = 0
+        self._wanted = 0  # sync() callers wait for the commit with this number
         self._done = trio.Event()
         self._failure: BaseException | None = None
         self.fenced: FencedError | None = None
         self.last_commit_ns = loaded.live.committed_ns
         self.segments_written = 0
+
+    def start(self) -> None:
+        """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
+        self.generation = self._live.generation
+        self._head_hash = self._live.head_hash
+        # The newest snapshot and the segments after it: what compaction starts from.
+        self._base = self._loaded.base
+        self._tail = self._loaded.tail
 
     def record(self, op: ops.Op) -> None:
         """Apply a record to the live state and queue it for the next commit."""
@@ -81,7 +91,10 @@ class Committer:
         """
         if self.fenced is not None:
             raise self.fenced
+        if not self.has_work() and not self._lock.locked():
+            return  # everything recorded so far is committed
         target = self._started + 1
+        self._wanted = max(self._wanted, target)
         while self._finished < target:
             self.kick()
             done = self._done
@@ -95,7 +108,7 @@ class Committer:
             with trio.move_on_after(self.interval):
                 await self._wake.wait()
             self._wake = trio.Event()
-            if self.has_work() or self._started > self._finished:
+            if self.has_work() or self._finished < self._wanted:
                 try:
                     await self.commit()
                 except FencedError:
@@ -246,7 +259,9 @@ class Committer:
             )
             name = snapshot_name(gen)
             with contextlib.suppress(ObjectExistsError):  # a remount already wrote it
-                await trio.to_thread.run_sync(self._store.put_if_absent, name, sealed, limiter=self._limiter)
+                await trio.to_thread.run_sync(
+                    self._store.put_if_absent, name, sealed, limiter=self._limiter
+                )
             self._base = (gen, sealed)
             del self._tail[: len(tail)]
             log.info("wrote snapshot %s (%d bytes)", name, len(sealed))

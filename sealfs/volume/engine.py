@@ -81,6 +81,7 @@ class Volume:
         """Run the background commit loop; on exit commit everything and release the volume."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.commits.start()
             if not self.read_only:
                 nursery.start_soon(self.commits.loop)
             try:
@@ -157,7 +158,15 @@ class Volume:
     # -- creating nodes ----------------------------------------------------------------
 
     def _new_node(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int, *, rdev: int = 0, target: bytes = b""
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        uid: int,
+        gid: int,
+        *,
+        rdev: int = 0,
+        target: bytes = b"",
     ) -> Inode:
         self._writable()
         _check_name(name)
@@ -182,8 +191,16 @@ class Volume:
         self.note_lookup(ino)
         return self.meta.inodes[ino]
 
-    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attr:
-        if stat.S_IFMT(mode) not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+    async def mknod(
+        self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int
+    ) -> Attr:
+        if stat.S_IFMT(mode) not in (
+            stat.S_IFREG,
+            stat.S_IFIFO,
+            stat.S_IFSOCK,
+            stat.S_IFCHR,
+            stat.S_IFBLK,
+        ):
             raise FsError(errno.EINVAL)
         return attr_of(self._new_node(parent, name, mode, uid, gid, rdev=rdev))
 
@@ -195,7 +212,9 @@ class Volume:
             raise FsError(errno.ENAMETOOLONG)
         return attr_of(self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target))
 
-    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int) -> tuple[int, Attr]:
+    async def create(
+        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[int, Attr]:
         inode = self._new_node(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
         return self._open_handle(inode.ino, flags), attr_of(inode)
 
@@ -237,7 +256,9 @@ class Volume:
         now = time.time_ns()
         self._record(ops.unlink(parent, name))
         self._drop_link(victim, now)
-        self._record(ops.put_inode(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink - victim.is_dir))
+        self._record(
+            ops.put_inode(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink - victim.is_dir)
+        )
 
     def _check_replaceable(self, victim: Inode, want_dir: bool) -> None:
         if want_dir and not victim.is_dir:
@@ -264,11 +285,16 @@ class Volume:
 
     # -- rename ------------------------------------------------------------------------
 
-    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0) -> None:
+    async def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+    ) -> None:
         self._writable()
         _check_name(old_name)
         _check_name(new_name)
-        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+        if (
+            flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)
+            or flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        ):
             raise FsError(errno.EINVAL)
         src_dir, dst_dir = self._dir(old_parent), self._dir(new_parent)
         assert src_dir.entries is not None and dst_dir.entries is not None
@@ -305,9 +331,15 @@ class Volume:
             self._touch_dir(dst_dir, now, moved - victim_dir)
 
     def _touch_dir(self, directory: Inode, now: int, nlink_delta: int) -> None:
-        self._record(ops.put_inode(directory, mtime_ns=now, ctime_ns=now, nlink=directory.nlink + nlink_delta))
+        self._record(
+            ops.put_inode(
+                directory, mtime_ns=now, ctime_ns=now, nlink=directory.nlink + nlink_delta
+            )
+        )
 
-    def _exchange(self, a_dir: Inode, a_name: bytes, a_ino: int, b_dir: Inode, b_name: bytes, b_ino: int) -> None:
+    def _exchange(
+        self, a_dir: Inode, a_name: bytes, a_ino: int, b_dir: Inode, b_name: bytes, b_ino: int
+    ) -> None:
         a, b = self.inode(a_ino), self.inode(b_ino)
         if a.is_dir:
             self._check_not_inside(a_ino, b_dir.ino)
@@ -355,7 +387,12 @@ class Volume:
         changes: dict[str, int] = {"ctime_ns": now}
         if mode is not None:
             changes["mode"] = stat.S_IFMT(inode.mode) | (mode & 0o7777)
-        for key, value in (("uid", uid), ("gid", gid), ("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
+        for key, value in (
+            ("uid", uid),
+            ("gid", gid),
+            ("atime_ns", atime_ns),
+            ("mtime_ns", mtime_ns),
+        ):
             if value is not None:
                 changes[key] = value
         self._record(ops.put_inode(inode, **changes))
@@ -426,7 +463,7 @@ class Volume:
         try:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
                 await self.commits.relieve_pressure()
-        except Exception as exc:  # noqa: BLE001 - the next commit reports and retries
+        except Exception as exc:
             log.warning("early flush failed: %s", exc)
         finally:
             self._relieving = False
@@ -532,4 +569,3 @@ def _check_name(name: bytes) -> None:
         raise FsError(errno.ENAMETOOLONG)
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
         raise FsError(errno.EINVAL)
-

@@ -132,7 +132,9 @@ class FileData:
         out = bytearray(end - offset)
         for piece, data in zip(pieces, await self._fetch(pieces), strict=True):
             lo = piece.start - offset
-            out[lo : lo + piece.length] = data[piece.chunk_offset : piece.chunk_offset + piece.length]
+            out[lo : lo + piece.length] = data[
+                piece.chunk_offset : piece.chunk_offset + piece.length
+            ]
         for layer in layers:
             layer.overlay(out, offset)
         if fb is not None:
@@ -203,7 +205,9 @@ class FileData:
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
         for region in _regions(job.data, inode.extents):
-            keep = keep_tail and region.end >= job.size and region.end - region.start > 2 * MAX_CHUNK
+            keep = (
+                keep_tail and region.end >= job.size and region.end - region.start > 2 * MAX_CHUNK
+            )
             extents, kept = await self._seal_region(region, job.data, inode.extents, keep, fresh)
             end = region.end - len(kept)
             data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))

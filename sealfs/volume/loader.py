@@ -120,7 +120,9 @@ def open_volume(store: ObjectStore, secret: Secret) -> Loaded:
     return Loaded(store, unlocked.header, unlocked.subkeys, state, base, tail)
 
 
-def _load_snapshot(store: ObjectStore, meta_key: bytes, volume_id: bytes) -> tuple[Snapshot | None, MetaState]:
+def _load_snapshot(
+    store: ObjectStore, meta_key: bytes, volume_id: bytes
+) -> tuple[Snapshot | None, MetaState]:
     names = store.list(SNAPSHOT_PREFIX)
     if not names:
         return None, MetaState()
@@ -136,7 +138,7 @@ def check_writer(loaded: Loaded, *, takeover: bool) -> None:
         return
     since = datetime.fromtimestamp(prev.since_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     if prev.host == socket.gethostname():
-        if _pid_alive(prev.pid):
+        if pid_alive(prev.pid):
             raise WriterConflictError(
                 f"volume is mounted read-write by pid {prev.pid} on this host since {since}:"
                 " unmount it first, or mount with --read-only"
@@ -180,7 +182,8 @@ def release_record(loaded: Loaded) -> ops.Op:
     return ops.writer(WriterInfo(w.host, w.pid, w.mount_id, w.since_ns, True))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether another live (not zombie) process has this pid."""
     if pid == os.getpid():
         return False
     try:
@@ -189,10 +192,9 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            if f.read().split(b") ", 1)[-1][:1] == b"Z":
-                return False  # a zombie holds no mount
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as f:
+        if f.read().split(b") ", 1)[-1][:1] == b"Z":
+            return False  # a zombie holds no mount
     return True
 
 

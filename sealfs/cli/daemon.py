@@ -1,0 +1,90 @@
+"""Daemonising with a readiness pipe, so `sealfs mount` returns once the mount is live.
+
+The fork happens before trio.run and before any worker thread exists: only
+the forking thread survives a fork. The child reports "ready" or one error
+line through the pipe; the parent prints it and exits with the child's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+
+Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
+
+
+def daemonize(child: Callable[[Report], int], log_path: str) -> int:
+    """Run child(report) in a detached process; return the exit code the parent should use."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        return _wait_for_child(read_end, log_path)
+    os.close(read_end)
+    os.setsid()
+    _redirect_stdio(log_path)
+    _close_inherited_fds(keep=write_end)
+    reported = False
+
+    def report(code: int, message: str) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            os.write(write_end, f"{code} {message}".encode())
+            os.close(write_end)
+
+    try:
+        code = child(report)
+    except BaseException as exc:
+        report(1, f"daemon failed: {exc}")
+        code = 1
+    report(code, "daemon exited")
+    os._exit(code)
+
+
+def _wait_for_child(read_end: int, log_path: str) -> int:
+    chunks = []
+    while chunk := os.read(read_end, 4096):
+        chunks.append(chunk)
+    os.close(read_end)
+    text = b"".join(chunks).decode(errors="replace")
+    if not text:
+        print(
+            f"sealfs: the daemon died before the mount was ready; see {log_path}", file=sys.stderr
+        )
+        return 1
+    code_text, _, message = text.partition(" ")
+    code = int(code_text) if code_text.isdigit() else 1
+    if code:
+        print(f"sealfs: {message}", file=sys.stderr)
+    return code
+
+
+def _close_inherited_fds(keep: int) -> None:
+    """Close descriptors inherited from the caller (a shell's pipes would never see EOF).
+
+    Keeps stdio, the readiness pipe and the FUSE device that pyfuse3.init opened.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd == keep:
+            continue
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the descriptor of the listing itself, already gone
+        if target != "/dev/fuse":
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _redirect_stdio(log_path: str) -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(devnull)
+    os.close(log_fd)

@@ -1,0 +1,85 @@
+"""`sealfs status MOUNTPOINT|STORE`: what a volume holds and how it is doing."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.units import format_size
+from sealfs.cli.unlock import add_unlock_options, unlock_store
+from sealfs.errors import ConfigError
+from sealfs.volume.engine import Volume
+from sealfs.volume.options import VolumeOptions
+from sealfs.volume.status import volume_status
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="show generation, sizes and cache use")
+    p.add_argument("target", help="a mountpoint of a live mount, or a store (asks to unlock)")
+    add_unlock_options(p)
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(run=run)
+
+
+def _gather(args: argparse.Namespace) -> dict[str, Any]:
+    if os.path.ismount(args.target):
+        try:
+            return read_status(args.target)
+        except OSError as exc:
+            raise ConfigError(
+                f"{args.target} does not answer as a sealfs mount: {exc.strerror}"
+            ) from None
+    args.store = args.target
+    volume = Volume(unlock_store(args), VolumeOptions(read_only=True))
+    status = volume_status(volume)
+    status["pid"] = None
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    status = _gather(args)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    table = Table(title="sealfs status", show_header=False)
+    for label, value in _rows(status):
+        table.add_row(label, value)
+    Console().print(table)
+    return 0
+
+
+def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    logical, unique, stored = s["logical_bytes"], s["unique_bytes"], s["stored_bytes"]
+    when = datetime.datetime.fromtimestamp(s["last_commit_ns"] / 1e9).isoformat(
+        sep=" ", timespec="seconds"
+    )
+    rows = [
+        ("store", s["store"]),
+        ("volume id", s["volume_id"]),
+        ("generation", str(s["generation"])),
+        ("last commit", when),
+        ("pending", f"{format_size(s['pending_bytes'])} buffered, {s['pending_records']} records"),
+        ("files", f"{s['files']} ({s['inodes']} inodes)"),
+        ("logical size", format_size(logical)),
+        ("after dedup", f"{format_size(unique)} ({_ratio(logical, unique)})"),
+        ("stored", f"{format_size(stored)} ({_ratio(unique, stored)} compression)"),
+        ("chunks", str(s["chunks"])),
+        ("memory cache", format_size(s["memory_cache_bytes"])),
+    ]
+    if s.get("disk_cache_bytes") is not None:
+        rows.append(("disk cache", format_size(s["disk_cache_bytes"])))
+    if s.get("pid"):
+        mode = "read-only" if s["read_only"] else "read-write"
+        rows.append(("daemon", f"pid {s['pid']}, {mode}" + (", FENCED" if s["fenced"] else "")))
+    return rows
+
+
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"

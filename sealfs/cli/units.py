@@ -1,0 +1,26 @@
+"""Parsing sizes and durations given on the command line."""
+
+from __future__ import annotations
+
+import re
+
+from sealfs.errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_FACTOR = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '2G', '1048576' -> bytes (binary units). Raises ConfigError."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"invalid size {text!r}: use a number with an optional K, M, G or T")
+    return int(float(match.group(1)) * _FACTOR[match.group(2).lower()])
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,5 @@
+"""The FUSE front end: a thin pyfuse3 adapter over the volume engine.
+
+No storage or crypto logic lives here (import-linter enforces it): this
+package translates requests and replies, and maps typed errors to errno.
+"""

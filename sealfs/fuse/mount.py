@@ -1,0 +1,116 @@
+"""Mounting: kernel session set-up, the trio main loop, and a clean shutdown.
+
+prepare() runs before a daemon forks (so that a bad mountpoint is reported on
+the terminal); serve() runs in the process that stays, and owns trio, the
+worker threads and the commit loop. An unmount by the kernel (fusermount3
+-u) or SIGTERM/SIGINT ends serve() after a final commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from sealfs.errors import ConfigError
+from sealfs.fuse.operations import Operations
+from sealfs.volume.engine import Volume
+
+log = logging.getLogger("sealfs.fuse")
+
+READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 128
+
+
+def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
+    """Create the kernel mount. Raises ConfigError naming the problem."""
+    _check_mountpoint(mountpoint)
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
+    if allow_other:
+        options.add("allow_other")
+    if volume.read_only:
+        options.add("ro")
+    try:
+        pyfuse3.init(Operations(volume), mountpoint, options)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
+
+
+def abandon() -> None:
+    """Undo prepare() when the volume cannot be served after all."""
+    pyfuse3.close(unmount=True)
+
+
+def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:
+    """Answer requests until unmounted or signalled; commit everything on the way out."""
+    _tune_malloc()
+    try:
+        trio.run(_main, volume, mountpoint, on_ready)
+    finally:
+        with contextlib.suppress(Exception):
+            pyfuse3.close(unmount=True)
+
+
+async def _main(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:
+    async with volume.running(), trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        _tune_read_ahead(mountpoint)
+        on_ready()
+        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        nursery.cancel_scope.cancel()
+    log.info("unmounted %s", mountpoint)
+
+
+async def _watch_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: committing and unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def _check_mountpoint(mountpoint: str) -> None:
+    if not os.path.exists(mountpoint):
+        raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
+    if not os.path.isdir(mountpoint):
+        raise ConfigError(f"mountpoint {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise ConfigError(f"mountpoint {mountpoint} is busy (something is mounted there)")
+
+
+def _tune_read_ahead(mountpoint: str) -> None:
+    """Ask the kernel for 1 MiB read-ahead on this mount (needs root; optional).
+
+    The device number comes from /proc/self/mountinfo: a stat() of the
+    mountpoint would be a request to this very process, which is not serving yet.
+    """
+    try:
+        with open("/proc/self/mountinfo") as f:
+            devices = [line.split()[2] for line in f if line.split()[4] == mountpoint]
+        if devices:
+            with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
+                f.write(str(READ_AHEAD_KB))
+    except OSError as exc:
+        log.debug("could not raise read-ahead: %s", exc)
+
+
+def _tune_malloc() -> None:
+    """Keep glibc from returning and re-faulting our 1 MiB buffers on every request.
+
+    perf notes: this alone took the encrypting write path from 0.45x to 0.98x
+    of a plain pyfuse3 passthrough.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_trim_threshold, 512 << 20)
+    libc.mallopt(m_mmap_threshold, 64 << 20)

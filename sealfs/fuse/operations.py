@@ -1,0 +1,284 @@
+"""pyfuse3 Operations over a Volume, and the one place errors become errno.
+
+Every handler runs on pyfuse3's trio loop; an exception other than FUSEError
+would end the loop, so the boundary catches everything: POSIX failures map
+to their errno, integrity and missing objects to EIO with a log line naming
+the object, a full store to ENOSPC, anything unexpected to EIO with a trace.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from sealfs.errors import (
+    FencedError,
+    FormatError,
+    FsError,
+    IntegrityError,
+    NoSpaceError,
+    SealfsError,
+    StoreError,
+)
+from sealfs.volume.attrs import IO_SIZE, Attr
+from sealfs.volume.engine import Volume
+from sealfs.volume.status import volume_status
+
+log = logging.getLogger("sealfs.fuse")
+
+STATUS_XATTR = b"user.sealfs.status"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _errno_of(exc: BaseException) -> int:
+    if isinstance(exc, FsError):
+        return exc.errno
+    if isinstance(exc, FencedError):
+        log.error("%s", exc)
+        return errno.EROFS
+    if isinstance(exc, NoSpaceError):
+        log.error("%s", exc)
+        return errno.ENOSPC
+    if isinstance(exc, IntegrityError | FormatError | StoreError | SealfsError):
+        log.error("I/O error: %s", exc)
+        return errno.EIO
+    log.exception("unexpected error in a filesystem request", exc_info=exc)
+    return errno.EIO
+
+
+def _boundary(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:
+            raise pyfuse3.FUSEError(_errno_of(exc)) from None
+
+    return wrapper
+
+
+class Operations(pyfuse3.Operations):
+    """Requests from the kernel, answered by the engine."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, volume: Volume) -> None:
+        super().__init__()
+        self.volume = volume
+        self._timeout = 1.0 if volume.read_only else 60.0
+        self._dir_inodes: dict[int, int] = {}
+
+    def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = attr.ino
+        entry.generation = 0
+        entry.entry_timeout = self._timeout
+        entry.attr_timeout = self._timeout
+        entry.st_mode = attr.mode
+        entry.st_nlink = attr.nlink
+        entry.st_uid = attr.uid
+        entry.st_gid = attr.gid
+        entry.st_rdev = attr.rdev
+        entry.st_size = attr.size
+        entry.st_blksize = IO_SIZE
+        entry.st_blocks = attr.blocks
+        entry.st_atime_ns = attr.atime_ns
+        entry.st_mtime_ns = attr.mtime_ns
+        entry.st_ctime_ns = attr.ctime_ns
+        return entry
+
+    def _file_info(self, fh: int) -> pyfuse3.FileInfo:
+        # The kernel's page cache stays valid across opens: every change goes
+        # through this mount. A read-only follower must revalidate.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not self.volume.read_only)
+
+    @_boundary
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: Any = None
+    ) -> pyfuse3.EntryAttributes:
+        if name == b".":
+            attr = await self.volume.getattr(parent_inode)
+        elif name == b"..":
+            attr = await self.volume.getattr(self.volume.inode(parent_inode).parent or parent_inode)
+        else:
+            return self._entry(await self.volume.lookup(parent_inode, name))
+        self.volume.note_lookup(attr.ino)
+        return self._entry(attr)
+
+    @_boundary
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        await self.volume.forget(list(inode_list))
+
+    @_boundary
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.volume.getattr(inode))
+
+    @_boundary
+    async def setattr(
+        self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        changed = await self.volume.setattr(
+            inode,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
+        return self._entry(changed)
+
+    @_boundary
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return await self.volume.readlink(inode)
+
+    @_boundary
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(
+            await self.volume.mknod(parent_inode, name, mode, rdev, ctx.uid, ctx.gid)
+        )
+
+    @_boundary
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.volume.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
+
+    @_boundary
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.volume.unlink(parent_inode, name)
+
+    @_boundary
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.volume.rmdir(parent_inode, name)
+
+    @_boundary
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.volume.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+
+    @_boundary
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: Any,
+    ) -> None:
+        await self.volume.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @_boundary
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.volume.link(inode, new_parent_inode, new_name))
+
+    @_boundary
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        return self._file_info(await self.volume.open(inode, flags))
+
+    @_boundary
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        fh, attr = await self.volume.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        return self._file_info(fh), self._entry(attr)
+
+    @_boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.volume.read(fh, off, size)
+
+    @_boundary
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self.volume.write(fh, off, buf)
+
+    @_boundary
+    async def flush(self, fh: int) -> None:
+        await self.volume.flush(fh)
+
+    @_boundary
+    async def release(self, fh: int) -> None:
+        await self.volume.release(fh)
+
+    @_boundary
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.volume.fsync()
+
+    @_boundary
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        fh = await self.volume.opendir(inode)
+        self._dir_inodes[fh] = inode
+        return fh
+
+    @_boundary
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        # Ids 0 and 1 are "." and ".." (no lookup counted, as pyfuse3 requires);
+        # the engine's own indices follow, shifted by two.
+        if start_id < 2:
+            ino = self._dir_inodes[fh]
+            dots = [(b".", ino), (b"..", self.volume.inode(ino).parent or ino)][start_id:]
+            for offset, (name, dot_ino) in enumerate(dots, start=start_id + 1):
+                attr = self._entry(await self.volume.getattr(dot_ino))
+                if not pyfuse3.readdir_reply(token, name, attr, offset):
+                    return
+        for entry in await self.volume.readdir(fh, max(0, start_id - 2)):
+            attr = self._entry(entry.attr)
+            if not pyfuse3.readdir_reply(token, entry.name, attr, entry.next_index + 2):
+                return
+            self.volume.note_lookup(entry.attr.ino)
+
+    @_boundary
+    async def releasedir(self, fh: int) -> None:
+        self._dir_inodes.pop(fh, None)
+        await self.volume.releasedir(fh)
+
+    @_boundary
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        await self.volume.fsync()
+
+    @_boundary
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        fs = await self.volume.statfs()
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = out.f_frsize = fs.block_size
+        out.f_blocks, out.f_bfree, out.f_bavail = fs.blocks, fs.blocks_free, fs.blocks_avail
+        out.f_files, out.f_ffree, out.f_favail = fs.files, fs.files_free, fs.files_free
+        out.f_namemax = fs.name_max
+        return out
+
+    @_boundary
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        await self.volume.setxattr(inode, name, value)
+
+    @_boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
+            return json.dumps(volume_status(self.volume)).encode()
+        return await self.volume.getxattr(inode, name)
+
+    @_boundary
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return await self.volume.listxattr(inode)
+
+    @_boundary
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        await self.volume.removexattr(inode, name)

@@ -1,0 +1,246 @@
+"""Keyslots: wrap the master key under a secret, and unlock a volume with one.
+
+Each slot wraps the same random master key with AES-256-GCM under a key derived
+from its secret (Argon2id for a passphrase, HKDF for a 32-byte recovery key).
+The slot's identity (volume id, slot id, kind, params) is the associated data,
+so a slot copied from another volume, renumbered or with edited params does not
+open. After a slot opens, the header MAC is checked with a master-key subkey,
+so any other edit of the header (a swapped slot, a lowered KDF cost) is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from sealfs.crypto import aead
+from sealfs.crypto.subkeys import Subkeys, derive_subkeys, hkdf_sha256
+from sealfs.errors import FormatError, IntegrityError, WrongKeyError
+from sealfs.keys.header import (
+    FORMAT_VERSION,
+    Keyslot,
+    VolumeHeader,
+    decode_header,
+    encode_header,
+    pack_canonical,
+    verify_header_mac,
+)
+from sealfs.keys.kdf import Argon2Params, check_params, derive_key
+
+MASTER_KEY_SIZE = 32
+VOLUME_ID_SIZE = 16
+RECOVERY_KEY_SIZE = 32
+KIND_PASSPHRASE = "passphrase"  # noqa: S105 (a slot kind name, not a password)
+KIND_RECOVERY = "recovery"
+SLOT_AD_PREFIX = b"sealfs/v1/keyslot"
+RECOVERY_INFO = b"sealfs/v1/recovery-slot"
+KDF_ARGON2ID = "argon2id"
+_PASSPHRASE_PARAM_KEYS = frozenset({"kdf", "m", "t", "p", "salt"})
+
+
+@dataclass(frozen=True)
+class Passphrase:
+    """A passphrase as bytes (the caller chooses the text encoding)."""
+
+    value: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RecoveryKey:
+    """A raw 32-byte recovery key (parse the text form with parse_recovery_key)."""
+
+    value: bytes = field(repr=False)
+
+
+Secret: TypeAlias = Passphrase | RecoveryKey
+
+
+@dataclass(frozen=True)
+class Unlocked:
+    """The result of a successful unlock: the verified header and the keys."""
+
+    header: VolumeHeader
+    master_key: bytes = field(repr=False)
+    subkeys: Subkeys = field(repr=False)
+    slot_id: int
+
+
+def new_master_key() -> bytes:
+    """Return a fresh random 32-byte master key."""
+    return os.urandom(MASTER_KEY_SIZE)
+
+
+def new_volume_id() -> bytes:
+    """Return a fresh random 16-byte volume id."""
+    return os.urandom(VOLUME_ID_SIZE)
+
+
+def slot_associated_data(
+    volume_id: bytes, slot_id: int, kind: str, params: Mapping[str, Any]
+) -> bytes:
+    """AD binding a wrapped key to its volume, slot number, kind and parameters."""
+    return (
+        SLOT_AD_PREFIX
+        + volume_id
+        + slot_id.to_bytes(4, "big")
+        + kind.encode("utf-8")
+        + pack_canonical(params)
+    )
+
+
+def _argon2_params_to_slot(params: Argon2Params) -> dict[str, Any]:
+    return {
+        "kdf": KDF_ARGON2ID,
+        "m": params.memory_kib,
+        "t": params.iterations,
+        "p": params.lanes,
+        "salt": params.salt,
+    }
+
+
+def argon2_params_from_slot(slot: Keyslot) -> Argon2Params:
+    """Read a passphrase slot's KDF params; FormatError if malformed, WeakKdfError if weak."""
+    raw = slot.params
+    if set(raw) != _PASSPHRASE_PARAM_KEYS or raw["kdf"] != KDF_ARGON2ID:
+        raise FormatError(f"keyslot {slot.slot_id}: unsupported or malformed KDF parameters")
+    params = Argon2Params(raw["m"], raw["t"], raw["p"], raw["salt"])
+    check_params(params)
+    return params
+
+
+def _wrap(
+    wrapping_key: bytes,
+    master_key: bytes,
+    volume_id: bytes,
+    *,
+    slot_id: int,
+    kind: str,
+    params: Mapping[str, Any],
+    nonce: bytes | None,
+) -> Keyslot:
+    if len(master_key) != MASTER_KEY_SIZE or len(volume_id) != VOLUME_ID_SIZE:
+        raise ValueError("master key must be 32 bytes and volume id 16 bytes")
+    ad = slot_associated_data(volume_id, slot_id, kind, params)
+    sealed = aead.seal(wrapping_key, master_key, ad, nonce)
+    return Keyslot(slot_id, kind, params, sealed[: aead.NONCE_SIZE], sealed[aead.NONCE_SIZE :])
+
+
+def _unwrap(wrapping_key: bytes, slot: Keyslot, volume_id: bytes) -> bytes | None:
+    """Return the master key, or None if this slot does not open with the key."""
+    if len(slot.nonce) != aead.NONCE_SIZE or len(slot.wrapped_key) != MASTER_KEY_SIZE + 16:
+        raise FormatError(f"keyslot {slot.slot_id}: wrapped key has the wrong size")
+    ad = slot_associated_data(volume_id, slot.slot_id, slot.kind, slot.params)
+    try:
+        return aead.open_sealed(wrapping_key, slot.nonce + slot.wrapped_key, ad)
+    except IntegrityError:
+        return None
+
+
+def _recovery_wrapping_key(recovery_key: bytes, volume_id: bytes) -> bytes:
+    if len(recovery_key) != RECOVERY_KEY_SIZE:
+        raise ValueError("recovery key must be 32 bytes")
+    return hkdf_sha256(recovery_key, volume_id, RECOVERY_INFO, aead.KEY_SIZE)
+
+
+def make_passphrase_slot(
+    slot_id: int,
+    master_key: bytes,
+    volume_id: bytes,
+    passphrase: bytes,
+    params: Argon2Params,
+    *,
+    nonce: bytes | None = None,
+) -> Keyslot:
+    """Wrap master_key under Argon2id(passphrase). Runs the KDF (slow by design).
+
+    Raises WeakKdfError/FormatError for unacceptable params. nonce is for
+    golden tests only.
+    """
+    wrapping_key = derive_key(passphrase, params)
+    return _wrap(
+        wrapping_key,
+        master_key,
+        volume_id,
+        slot_id=slot_id,
+        kind=KIND_PASSPHRASE,
+        params=_argon2_params_to_slot(params),
+        nonce=nonce,
+    )
+
+
+def make_recovery_slot(
+    slot_id: int,
+    master_key: bytes,
+    volume_id: bytes,
+    recovery_key: bytes,
+    *,
+    nonce: bytes | None = None,
+) -> Keyslot:
+    """Wrap master_key under HKDF(recovery_key). nonce is for golden tests only."""
+    wrapping_key = _recovery_wrapping_key(recovery_key, volume_id)
+    return _wrap(
+        wrapping_key,
+        master_key,
+        volume_id,
+        slot_id=slot_id,
+        kind=KIND_RECOVERY,
+        params={},
+        nonce=nonce,
+    )
+
+
+def create_header(
+    master_key: bytes,
+    volume_id: bytes,
+    passphrase: bytes,
+    kdf: Argon2Params,
+    recovery_key: bytes,
+) -> bytes:
+    """Return the encoded header of a new volume: slot 0 passphrase, slot 1 recovery."""
+    slots = (
+        make_passphrase_slot(0, master_key, volume_id, passphrase, kdf),
+        make_recovery_slot(1, master_key, volume_id, recovery_key),
+    )
+    header = VolumeHeader(FORMAT_VERSION, volume_id, time.time_ns(), slots)
+    return encode_header(header, derive_subkeys(master_key, volume_id).header_mac_key)
+
+
+def _try_slots(header: VolumeHeader, secret: Secret) -> tuple[int, bytes] | None:
+    """Return (slot id, master key) from the first matching slot that opens."""
+    vid = header.volume_id
+    if isinstance(secret, Passphrase):
+        slots = [s for s in header.slots if s.kind == KIND_PASSPHRASE]
+        # Validate every slot's cost before running Argon2 on any of them.
+        params = [argon2_params_from_slot(s) for s in slots]
+        keys = (derive_key(secret.value, p) for p in params)
+    else:
+        slots = [s for s in header.slots if s.kind == KIND_RECOVERY]
+        wrapping_key = _recovery_wrapping_key(secret.value, vid)
+        keys = (wrapping_key for _ in slots)
+    for slot, key in zip(slots, keys, strict=True):
+        master_key = _unwrap(key, slot, vid)
+        if master_key is not None:
+            return slot.slot_id, master_key
+    return None
+
+
+def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
+    """Open the volume header with secret and verify it; return the keys.
+
+    Raises FormatError/UnsupportedVersionError (malformed header), WeakKdfError
+    (a passphrase slot's KDF cost is below the minimum; checked before any
+    Argon2 run), WrongKeyError (no slot of the secret's kind opens with it) and
+    IntegrityError (a slot opened but the header MAC does not match).
+    """
+    header = decode_header(header_bytes)
+    opened = _try_slots(header, secret)
+    if opened is None:
+        what = "passphrase" if isinstance(secret, Passphrase) else "recovery key"
+        raise WrongKeyError(f"wrong {what}: no keyslot opens with it")
+    slot_id, master_key = opened
+    subkeys = derive_subkeys(master_key, header.volume_id)
+    verify_header_mac(header_bytes, subkeys.header_mac_key)
+    return Unlocked(header, master_key, subkeys, slot_id)

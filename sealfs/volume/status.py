@@ -1,0 +1,44 @@
+"""What `sealfs status` shows about a running volume, as a JSON-ready dict."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sealfs.volume.engine import Volume
+
+
+def volume_status(volume: Volume) -> dict[str, Any]:
+    """Generation, commit state, sizes and cache use; no names, no contents."""
+    meta = volume.meta
+    files = [i for i in meta.inodes.values() if i.is_reg]
+    logical = sum(i.size for i in files)
+    referenced: set[bytes] = set()
+    for inode in files:
+        assert inode.extents is not None
+        referenced |= inode.extents.chunks()
+    chunk_plain = sum(meta.chunks[c].plain_size for c in referenced if c in meta.chunks)
+    stored = sum(meta.chunks[c].stored_size for c in referenced if c in meta.chunks)
+    store = volume.store
+    cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
+    return {
+        "pid": os.getpid(),
+        "volume_id": volume.loaded.volume_id.hex(),
+        "store": store.describe(),
+        "generation": volume.commits.generation,
+        "last_commit_ns": volume.commits.last_commit_ns,
+        "pending_bytes": volume.files.buffered_bytes,
+        "pending_records": len(volume.commits.pending),
+        "files": len(files),
+        "inodes": len(meta.inodes),
+        "logical_bytes": logical,
+        "unique_bytes": chunk_plain,
+        "stored_bytes": stored,
+        "chunks": len(referenced),
+        "memory_cache_bytes": volume.chunks.cache.nbytes,
+        "disk_cache_bytes": cache_bytes,
+        "read_only": volume.read_only,
+        "fenced": volume.commits.fenced is not None,
+        "commit_interval": volume.options.commit_interval,
+    }
