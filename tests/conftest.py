@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from sealfs.store.memory import MemoryStore
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from sealfs.volume.options import VolumeOptions
+from tests.mounts import VolumeEnv, force_unmount, mounted_sealfs
 
 PASSPHRASE = b"correct horse battery staple"
 RECOVERY_KEY = bytes(range(32))
@@ -86,3 +88,32 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         r for r in caplog.records if r.name.startswith("sealfs") and r.levelno >= logging.WARNING
     ]
     assert not bad, [r.getMessage() for r in bad]
+
+
+@pytest.fixture
+def volume_env(tmp_path: Path) -> Iterator[VolumeEnv]:
+    """An initialised local volume and a mountpoint; fails the test if it leaks a mount."""
+    env = VolumeEnv(tmp_path)
+    env.init()
+    yield env
+    assert not env.cleanup(), "the test left a mount or a daemon behind"
+
+
+@pytest.fixture
+def mounted_env(volume_env: VolumeEnv) -> Iterator[VolumeEnv]:
+    """volume_env, mounted; unmounted cleanly (and checked) at the end."""
+    volume_env.mount()
+    yield volume_env
+    if volume_env.is_mounted():
+        volume_env.umount()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_mount_left_behind() -> Iterator[None]:
+    """After the whole run, no sealfs mount may remain on the machine."""
+    before = set(mounted_sealfs())
+    yield
+    left = set(mounted_sealfs()) - before
+    for mnt, _ in left:
+        force_unmount(mnt)
+    assert not left, f"mounts left behind: {left}"

@@ -1,0 +1,174 @@
+"""Driving real mounts from tests: the CLI in subprocesses, cleanup, hang protection.
+
+A VolumeEnv is one store plus one mountpoint. Every mount is made the way a
+user makes it (the `sealfs` CLI, daemonised), and every teardown leaves no
+mount and no daemon behind, even after a SIGKILL. A watchdog aborts the FUSE
+connection if a test outlives its budget, so a hung filesystem call fails the
+test (ENOTCONN) instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PASSPHRASE = "correct horse battery staple"
+CHEAP_KDF = ["--kdf-memory", "64", "--kdf-iterations", "1"]
+STATUS_XATTR = "user.sealfs.status"
+
+
+def sealfs(
+    *args: str, timeout: float = 60, check: bool = False, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as users do; never waits forever."""
+    command = [sys.executable, "-m", "sealfs.cli.main", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=check,
+        stdin=subprocess.DEVNULL, **kw,
+    )  # fmt: skip
+
+
+def mounted_sealfs() -> list[tuple[str, str]]:
+    """(mountpoint, device) of every sealfs mount on the machine."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            fstype = fields[fields.index("-") + 1]
+            if fstype == "fuse.sealfs":
+                out.append((fields[4], fields[2]))
+    return out
+
+
+def force_unmount(mountpoint: str) -> None:
+    subprocess.run(
+        ["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False, timeout=30
+    )
+
+
+def abort_connection(mountpoint: str) -> None:
+    """Make every pending and future request on the mount fail with ENOTCONN."""
+    for mnt, dev in mounted_sealfs():
+        if mnt == mountpoint:
+            minor = dev.split(":")[1]
+            with (
+                contextlib.suppress(OSError),
+                open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as f,
+            ):
+                f.write("1")
+
+
+def daemon_pids(store: Path) -> list[int]:
+    """Pids of sealfs processes serving this store (found by their command line)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sealfs.cli.main" in b" ".join(cmd) and b"mount" in cmd and str(store).encode() in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass
+class VolumeEnv:
+    """One volume in a local store and one mountpoint, under a test's tmp_path."""
+
+    root: Path
+    store: Path = field(init=False)
+    mnt: Path = field(init=False)
+    passfile: Path = field(init=False)
+    recovery_file: Path = field(init=False)
+    log: Path = field(init=False)
+    cache: Path = field(init=False)
+    watchdog_seconds: float = 240.0
+    _watchdog: threading.Timer | None = None
+
+    def __post_init__(self) -> None:
+        self.store = self.root / "store"
+        self.mnt = self.root / "mnt"
+        self.passfile = self.root / "passphrase"
+        self.recovery_file = self.root / "recovery-key"
+        self.log = self.root / "daemon.log"
+        self.cache = self.root / "cache"
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.passfile.write_text(PASSPHRASE + "\n")
+
+    def init(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        return sealfs(
+            "init", str(self.store), "--passphrase-file", str(self.passfile),
+            "--recovery-key-file", str(self.recovery_file), *CHEAP_KDF, *extra, check=True,
+        )  # fmt: skip
+
+    def mount(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = sealfs(
+            "mount", str(self.store), str(self.mnt), "--passphrase-file", str(self.passfile),
+            "--log-file", str(self.log), *extra,
+        )  # fmt: skip
+        if check:
+            assert result.returncode == 0, result.stderr + self.log_text()
+        if result.returncode == 0:
+            self._arm_watchdog()
+        return result
+
+    def umount(self, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = sealfs("umount", str(self.mnt))
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr + self.log_text()
+        self._disarm_watchdog()
+        return result
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(os.getxattr(self.mnt, STATUS_XATTR)))
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
+        for pid in daemon_pids(self.store):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while daemon_pids(self.store) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        force_unmount(str(self.mnt))
+        self._disarm_watchdog()
+
+    def is_mounted(self) -> bool:
+        return any(m == str(self.mnt) for m, _ in mounted_sealfs())
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def cleanup(self) -> bool:
+        """Remove whatever is left; True if something was (the test leaked a mount)."""
+        leaked = self.is_mounted() or bool(daemon_pids(self.store))
+        if self.is_mounted():
+            abort_connection(str(self.mnt))
+            force_unmount(str(self.mnt))
+        for pid in daemon_pids(self.store):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._disarm_watchdog()
+        return leaked
+
+    def _arm_watchdog(self) -> None:
+        self._disarm_watchdog()
+        self._watchdog = threading.Timer(self.watchdog_seconds, abort_connection, [str(self.mnt)])
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
