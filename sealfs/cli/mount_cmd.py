@@ -50,6 +50,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
     p.set_defaults(run=run_mount)  # fmt: skip
 
+    s = sub.add_parser("sync", help="commit everything now (syncfs does not reach FUSE)")
+    s.add_argument("mountpoint")
+    s.set_defaults(run=run_sync)
+
     u = sub.add_parser("umount", help="commit everything, then unmount")
     u.add_argument("mountpoint")
     u.add_argument(
@@ -120,6 +124,27 @@ def read_status(mountpoint: str) -> dict[str, object]:
     return dict(json.loads(os.getxattr(mountpoint, STATUS_XATTR.decode())))
 
 
+def commit_mount(mnt: str) -> None:
+    """fsync the mount's root: the engine then commits everything. Raises OSError."""
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    mnt = os.path.abspath(args.mountpoint)
+    if not os.path.ismount(mnt):
+        raise ConfigError(f"{mnt} is not mounted")
+    try:
+        commit_mount(mnt)
+    except OSError as exc:
+        print(f"sealfs: commit failed ({exc.strerror}); see the daemon log")
+        return FAILURE
+    return 0
+
+
 def run_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
     if not os.path.ismount(mnt):
@@ -134,11 +159,7 @@ def run_umount(args: argparse.Namespace) -> int:
               " Data written after its last commit is lost.")  # fmt: skip
         return FAILURE
     try:
-        fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)  # commits everything: fsyncdir reaches the engine
-        finally:
-            os.close(fd)
+        commit_mount(mnt)
     except OSError as exc:
         print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see the daemon log")
         return FAILURE
