@@ -109,11 +109,11 @@ def mounted_env(volume_env: VolumeEnv) -> Iterator[VolumeEnv]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def no_mount_left_behind() -> Iterator[None]:
-    """After the whole run, no sealfs mount may remain on the machine."""
-    before = set(mounted_sealfs())
+def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the whole run, no sealfs mount made by this run may remain."""
+    base = str(tmp_path_factory.getbasetemp())
     yield
-    left = set(mounted_sealfs()) - before
-    for mnt, _ in left:
+    left = [mnt for mnt, _ in mounted_sealfs() if mnt.startswith(base)]
+    for mnt in left:
         force_unmount(mnt)
     assert not left, f"mounts left behind: {left}"

@@ -10,6 +10,7 @@ not replay the log from the beginning.
 from __future__ import annotations
 
 import hashlib
+import stat
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -26,7 +27,7 @@ from sealfs.crypto.envelope import (
 from sealfs.errors import FormatError
 from sealfs.meta import ops
 from sealfs.meta.extents import ExtentMap
-from sealfs.meta.model import Inode, MetaState
+from sealfs.meta.model import ChunkInfo, Inode, MetaState
 
 SEGMENT_PREFIX = "l/"
 SNAPSHOT_PREFIX = "s/"
@@ -114,8 +115,7 @@ def decode_snapshot(meta_key: bytes, volume_id: bytes, generation: int, sealed: 
         inode = _inode_from_row(row)
         state.inodes[inode.ino] = inode
         state.note_ino(inode.ino)
-    for row in chunk_rows:
-        ops.apply(state, [ops.CHUNK, *_as_list(row, "chunk")])
+    state.chunks = dict(map(_chunk_from_row, chunk_rows))
     return state
 
 
@@ -129,26 +129,38 @@ def _inode_row(inode: Inode) -> list[Any]:
 
 
 def _inode_from_row(row: object) -> Inode:
-    if not isinstance(row, list) or len(row) != 14:
+    # The hot loop of mount: one call per inode, so checks are inlined and cheap.
+    if type(row) is not list or len(row) != 14:
         _bad("inode")
-    probe = MetaState()
-    ops.apply(probe, [ops.PUT_INODE, *row[:12]])  # type-checks the fields
-    inode = probe.inodes[row[0]]
-    xattrs, body = row[12], row[13]
-    if not isinstance(xattrs, dict) or not all(
-        isinstance(k, bytes) and isinstance(v, bytes) for k, v in xattrs.items()
+    fields, xattrs, body = row[:12], row[12], row[13]
+    ops.check_inode_fields(fields)
+    if type(xattrs) is not dict or (
+        xattrs and not all(type(k) is bytes and type(v) is bytes for k, v in xattrs.items())
     ):
         _bad("xattr")
+    inode = Inode(*fields)
     inode.xattrs = xattrs
-    if inode.extents is not None:
+    if stat.S_ISREG(inode.mode):
         inode.extents = ExtentMap.from_wire(body)
-    elif inode.entries is not None:
-        if not isinstance(body, dict) or not all(
-            isinstance(k, bytes) and isinstance(v, int) for k, v in body.items()
+    elif stat.S_ISDIR(inode.mode):
+        if type(body) is not dict or not all(
+            type(k) is bytes and type(v) is int for k, v in body.items()
         ):
             _bad("directory")
         inode.entries = body
     return inode
+
+
+def _chunk_from_row(row: object) -> tuple[bytes, ChunkInfo]:
+    if (
+        type(row) is not list
+        or len(row) != 3
+        or type(row[0]) is not bytes
+        or type(row[1]) is not int
+        or type(row[2]) is not int
+    ):
+        _bad("chunk")
+    return row[0], ChunkInfo(row[1], row[2])
 
 
 def _seal(meta_key: bytes, volume_id: bytes, kind: ObjectKind, gen: int, payload: Any) -> bytes:

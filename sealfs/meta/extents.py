@@ -11,6 +11,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 from sealfs.errors import FormatError
 
@@ -37,24 +38,50 @@ class Extent:
 
 
 class ExtentMap:
-    """A sorted, non-overlapping list of extents with range replacement."""
+    """A sorted, non-overlapping list of extents with range replacement.
 
-    __slots__ = ("_extents", "_starts")
+    A map decoded from a snapshot keeps its wire rows until first used: most
+    files are never touched after a mount, and mount time is what a user of
+    a volume with many files waits for.
+    """
+
+    __slots__ = ("_extents", "_starts", "_wire")
 
     def __init__(self, extents: list[Extent] | None = None) -> None:
-        self._extents: list[Extent] = list(extents or [])
+        self._extents: list[Extent] = list(extents) if extents else []
         self._starts: list[int] = [e.start for e in self._extents]
+        self._wire: list[Any] | None = None
+
+    @classmethod
+    def from_wire(cls, rows: object) -> ExtentMap:
+        """A map over wire rows, parsed (and checked: FormatError) on first use."""
+        if type(rows) is not list:
+            raise FormatError("malformed extent list")
+        emap = cls.__new__(cls)  # no __init__: this runs once per file at mount
+        emap._extents, emap._starts, emap._wire = [], [], rows
+        return emap
+
+    def _parsed(self) -> list[Extent]:
+        if self._wire is not None:
+            extents = [extent_from_wire(row) for row in self._wire]
+            for before, after in pairwise(extents):
+                if after.start < before.end:
+                    raise FormatError("overlapping extents in metadata")
+            self._extents, self._starts = extents, [e.start for e in extents]
+            self._wire = None
+        return self._extents
 
     def __iter__(self) -> Iterator[Extent]:
-        return iter(self._extents)
+        return iter(self._parsed())
 
     def __len__(self) -> int:
-        return len(self._extents)
+        return len(self._wire) if self._wire is not None else len(self._extents)
 
     def _span(self, start: int, end: int) -> tuple[int, int]:
         """Index range of the extents that overlap [start, end)."""
+        extents = self._parsed()
         i = bisect_right(self._starts, start) - 1
-        if i < 0 or self._extents[i].end <= start:
+        if i < 0 or extents[i].end <= start:
             i += 1
         j = bisect_left(self._starts, end)
         return i, max(i, j)
@@ -66,9 +93,10 @@ class ExtentMap:
 
     def covering(self, pos: int) -> Extent | None:
         """The whole extent that holds byte pos, or None in a hole."""
+        extents = self._parsed()
         i = bisect_right(self._starts, pos) - 1
-        if i >= 0 and self._extents[i].end > pos:
-            return self._extents[i]
+        if i >= 0 and extents[i].end > pos:
+            return extents[i]
         return None
 
     def replace(self, start: int, end: int, new: list[Extent]) -> None:
@@ -85,39 +113,35 @@ class ExtentMap:
 
     def truncate(self, size: int) -> None:
         """Forget every byte at or beyond size."""
-        if self._extents and self._extents[-1].end > size:
-            self.replace(size, self._extents[-1].end, [])
+        extents = self._parsed()
+        if extents and extents[-1].end > size:
+            self.replace(size, extents[-1].end, [])
 
     def chunks(self) -> set[bytes]:
         """The ids of every chunk this map references."""
-        return {e.chunk for e in self._extents}
+        return {e.chunk for e in self._parsed()}
 
-    def to_wire(self) -> list[list[object]]:
+    def to_wire(self) -> list[Any]:
+        if self._wire is not None:
+            return self._wire
         return [[e.start, e.length, e.chunk, e.chunk_offset] for e in self._extents]
-
-    @classmethod
-    def from_wire(cls, rows: object) -> ExtentMap:
-        """Parse and check a wire list: sorted, non-overlapping extents or FormatError."""
-        if not isinstance(rows, list):
-            raise FormatError("malformed extent list")
-        extents = [extent_from_wire(row) for row in rows]
-        for before, after in pairwise(extents):
-            if after.start < before.end:
-                raise FormatError("overlapping extents in metadata")
-        return cls(extents)
 
 
 def extent_from_wire(row: object) -> Extent:
     """Parse one [start, length, chunk, chunk_offset] row; FormatError if malformed."""
-    if not (isinstance(row, list) and len(row) == 4):
+    if type(row) is not list or len(row) != 4:
         raise FormatError("malformed extent record")
     start, length, chunk, offset = row
-    if not (
-        _natural(start) and _natural(offset) and isinstance(length, int) and length > 0
-    ) or not (isinstance(chunk, bytes) and len(chunk) == CHUNK_ID_SIZE):
+    # type() rather than isinstance(): True is not a number here.
+    if (
+        type(start) is not int
+        or type(length) is not int
+        or type(offset) is not int
+        or type(chunk) is not bytes
+        or start < 0
+        or length <= 0
+        or offset < 0
+        or len(chunk) != CHUNK_ID_SIZE
+    ):
         raise FormatError("malformed extent record")
     return Extent(start, length, chunk, offset)
-
-
-def _natural(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

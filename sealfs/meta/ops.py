@@ -96,13 +96,13 @@ def writer(info: WriterInfo) -> Op:
     return [WRITER, info.host, info.pid, info.mount_id, info.since_ns, info.released]
 
 
-def new_inode(fields: list[Any]) -> Inode:
-    """Build an inode from its wire fields (already type-checked)."""
+def new_inode(fields: list[Any], body: ExtentMap | dict[bytes, int] | None = None) -> Inode:
+    """Build an inode from its wire fields (already type-checked), with its contents."""
     inode = Inode(*fields)
     if stat.S_ISREG(inode.mode):
-        inode.extents = ExtentMap()
+        inode.extents = body if isinstance(body, ExtentMap) else ExtentMap()
     elif stat.S_ISDIR(inode.mode):
-        inode.entries = {}
+        inode.entries = body if isinstance(body, dict) else {}
     return inode
 
 
@@ -113,7 +113,7 @@ def apply(state: MetaState, op: Op, *, live: bool = False) -> None:
     inode's size is then already the logical size (which may include newer,
     still-buffered writes) and must not be set back.
     """
-    _check(op)
+    check(op)
     _APPLY[op[0]](state, op, live)
 
 
@@ -201,30 +201,42 @@ _APPLY: dict[int, Callable[[MetaState, Op, bool], None]] = {
     WRITER: _apply_writer,
 }
 
-# Wire types of each record's fields after the opcode: "n" natural int, "b" bytes,
-# "s" str, "?" bool, "l" list.
-_SHAPES: dict[int, str] = {
-    PUT_INODE: "nnnnnnnnnnnb",
-    DEL_INODE: "n",
-    LINK: "nbn",
-    UNLINK: "nb",
-    DATA: "nnnln",
-    SET_XATTR: "nbb",
-    DEL_XATTR: "nb",
-    CHUNK: "bnn",
-    WRITER: "snbn?",
+# Wire types of each record's fields after the opcode (int means a natural number).
+_N, _B = int, bytes
+_SHAPES: dict[int, tuple[type, ...]] = {
+    PUT_INODE: (_N,) * 11 + (_B,),
+    DEL_INODE: (_N,),
+    LINK: (_N, _B, _N),
+    UNLINK: (_N, _B),
+    DATA: (_N, _N, _N, list, _N),
+    SET_XATTR: (_N, _B, _B),
+    DEL_XATTR: (_N, _B),
+    CHUNK: (_B, _N, _N),
+    WRITER: (str, _N, _B, _N, bool),
 }
 
 
-def _check(op: object) -> None:
-    if not isinstance(op, list) or not op or op[0] not in _SHAPES:
+def check_inode_fields(fields: list[Any]) -> None:
+    """The fast path of check() for the 12 inode fields of a snapshot row."""
+    if type(fields[11]) is not bytes:
+        raise FormatError("malformed inode record in metadata")
+    for k in range(11):
+        value = fields[k]
+        if type(value) is not int or value < 0:
+            raise FormatError("malformed inode record in metadata")
+
+
+def check(op: object) -> None:
+    """FormatError unless op is a known record with fields of the right types."""
+    if type(op) is not list or not op or op[0] not in _SHAPES:
         raise FormatError("unknown operation record in metadata")
     shape = _SHAPES[op[0]]
-    if len(op) != len(shape) + 1 or not all(map(_fits, shape, op[1:])):
+    if len(op) != len(shape) + 1:
         raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
-
-
-def _fits(kind: str, value: object) -> bool:
-    if kind == "n":
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return isinstance(value, {"b": bytes, "s": str, "?": bool, "l": list}[kind])
+    for kind, value in zip(shape, op[1:], strict=True):
+        if kind is int:
+            # type() rather than isinstance(): True is not a number here.
+            if type(value) is not int or value < 0:
+                raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
+        elif type(value) is not kind:
+            raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")

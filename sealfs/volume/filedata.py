@@ -147,13 +147,19 @@ class FileData:
             got = {ids[0]: await self._chunks.read(ids[0])}
         else:
             got = {}
+            failures: list[Exception] = []
 
             async def one(cid: bytes) -> None:
-                got[cid] = await self._chunks.read(cid)
+                try:
+                    got[cid] = await self._chunks.read(cid)
+                except Exception as exc:  # raised typed below, not as an ExceptionGroup
+                    failures.append(exc)
 
             async with trio.open_nursery() as nursery:
                 for cid in ids:
                     nursery.start_soon(one, cid)
+            if failures:
+                raise failures[0]
         return [got[p.chunk] for p in pieces]
 
     def _readahead(self, extents: ExtentMap, fb: FileBuffers, offset: int, end: int) -> None:

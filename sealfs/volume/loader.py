@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 
 from sealfs.crypto.subkeys import Subkeys, derive_subkeys
 from sealfs.errors import (
+    FormatError,
+    IntegrityError,
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -114,7 +116,10 @@ def open_volume(store: ObjectStore, secret: Secret) -> Loaded:
     for name in names:
         gen = parse_generation(name)
         sealed = store.get(name)
-        segment = decode_segment(meta_key, volume_id, gen, sealed)
+        try:
+            segment = decode_segment(meta_key, volume_id, gen, sealed)
+        except (IntegrityError, FormatError) as exc:
+            raise type(exc)(f"log segment {name} is damaged: {exc}") from None
         replay_segment(state, segment, sealed)
         tail.append((segment, sealed))
     return Loaded(store, unlocked.header, unlocked.subkeys, state, base, tail)
@@ -128,7 +133,10 @@ def _load_snapshot(
         return None, MetaState()
     gen = parse_generation(names[-1])
     sealed = store.get(names[-1])
-    return (gen, sealed), decode_snapshot(meta_key, volume_id, gen, sealed)
+    try:
+        return (gen, sealed), decode_snapshot(meta_key, volume_id, gen, sealed)
+    except (IntegrityError, FormatError) as exc:
+        raise type(exc)(f"snapshot {names[-1]} is damaged: {exc}") from None
 
 
 def check_writer(loaded: Loaded, *, takeover: bool) -> None:
