@@ -112,17 +112,23 @@ class Chunks:
         self.uploaded_bytes += result.stored_size
         return result
 
+    def _open(self, chunk_id: bytes, sealed: bytes) -> bytes:
+        binding = chunk_binding(self._volume_id, chunk_id)
+        flags, body = open_object(self._keys.chunk_key, ObjectKind.CHUNK, binding, sealed)
+        return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
+
     def _get_and_open(self, chunk_id: bytes) -> bytes:
         name = chunk_name(chunk_id)
         try:
-            sealed = self._store.get(name)
-            flags, body = open_object(
-                self._keys.chunk_key,
-                ObjectKind.CHUNK,
-                chunk_binding(self._volume_id, chunk_id),
-                sealed,
-            )
-            return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
+            try:
+                return self._open(chunk_id, self._store.get(name))
+            except (IntegrityError, FormatError):
+                discard = getattr(self._store, "discard", None)
+                if discard is None:
+                    raise
+                # A damaged copy in the local cache must not hide a good one in the store.
+                discard(name)
+                return self._open(chunk_id, self._store.get(name))
         except ObjectNotFoundError:
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
         except IntegrityError as exc:

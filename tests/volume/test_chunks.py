@@ -1,0 +1,51 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from sealfs.errors import IntegrityError
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.cache import CachingStore
+from sealfs.store.memory import MemoryStore
+from sealfs.volume.loader import create_volume
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
+
+
+async def test_corrupt_cached_chunk_is_refetched_from_the_store(tmp_path: Path) -> None:
+    inner = MemoryStore()
+    create_volume(inner, PASSPHRASE, cheap_kdf(), RECOVERY_KEY)
+    data = os.urandom(2_000_000)
+    async with mounted(CachingStore(inner, tmp_path / "cache", 1 << 30)) as volume:
+        fh, _ = await volume.create(ROOT_INO, b"f", 0o644, os.O_WRONLY, 0, 0)
+        await volume.write(fh, 0, data)
+        await volume.release(fh)
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert cached, "the write-through cache should hold the chunks"
+    for path in cached:
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        path.write_bytes(raw)
+    async with mounted(CachingStore(inner, tmp_path / "cache", 1 << 30)) as volume:
+        attr = await volume.lookup(ROOT_INO, b"f")
+        fh = await volume.open(attr.ino, os.O_RDONLY)
+        assert await volume.read(fh, 0, len(data)) == data
+        await volume.release(fh)
+
+
+async def test_a_tampered_chunk_in_the_store_is_an_integrity_error(
+    volume_store: MemoryStore,
+) -> None:
+    async with mounted(volume_store) as volume:
+        fh, _ = await volume.create(ROOT_INO, b"f", 0o644, os.O_WRONLY, 0, 0)
+        await volume.write(fh, 0, b"precious" * 1000)
+        await volume.release(fh)
+    for name in volume_store.list("c/"):
+        sealed = bytearray(volume_store.get(name))
+        sealed[-1] ^= 1
+        volume_store.put(name, bytes(sealed))
+    async with mounted(volume_store) as volume:
+        attr = await volume.lookup(ROOT_INO, b"f")
+        fh = await volume.open(attr.ino, os.O_RDONLY)
+        with pytest.raises(IntegrityError, match="c/"):
+            await volume.read(fh, 0, 100)
+        await volume.release(fh)
