@@ -116,3 +116,16 @@ class ObjectStore(Protocol):
     def close(self) -> None:
         """Release connections and file descriptors."""
         ...
+
+
+def request_counts(store: object) -> dict[str, int] | None:
+    """Requests sent per method by store (or the store it wraps), or None if it keeps no count.
+
+    Optional: a backend that counts (S3Store) and the wrappers define
+    request_counts(); the others do not.
+    """
+    method = getattr(store, "request_counts", None)
+    if method is None:
+        return None
+    counts: dict[str, int] | None = method()
+    return counts

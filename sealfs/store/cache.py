@@ -26,7 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from sealfs.errors import ConfigError
-from sealfs.store.base import ObjectInfo, ObjectStore, validate_name
+from sealfs.store.base import ObjectInfo, ObjectStore, request_counts, validate_name
 
 log = logging.getLogger("sealfs.store")
 
@@ -239,6 +239,10 @@ class CachingStore:
     def free_bytes(self) -> int:
         """Delegate."""
         return self.inner.free_bytes()
+
+    def request_counts(self) -> dict[str, int] | None:
+        """The inner store's requests per method, if it counts them."""
+        return request_counts(self.inner)
 
     def describe(self) -> str:
         """Delegate."""

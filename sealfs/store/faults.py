@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
 from sealfs.errors import NoSpaceError, StoreUnavailableError, TransientStoreError
-from sealfs.store.base import ObjectInfo, ObjectStore
+from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
 
 T = TypeVar("T")
 
@@ -192,6 +192,10 @@ class FaultyStore:
     def free_bytes(self) -> int:
         """Delegate."""
         return self.inner.free_bytes()
+
+    def request_counts(self) -> dict[str, int] | None:
+        """The inner store's requests per method, if it counts them."""
+        return request_counts(self.inner)
 
     def describe(self) -> str:
         """Describe the inner store, marked as fault-injecting."""

@@ -24,7 +24,7 @@ from sealfs.errors import (
     StoreUnavailableError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore
+from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
 
 T = TypeVar("T")
 log = logging.getLogger("sealfs.store")
@@ -148,6 +148,10 @@ class RetryingStore:
     def free_bytes(self) -> int:
         """Delegate (statfs is not worth retrying)."""
         return self.inner.free_bytes()
+
+    def request_counts(self) -> dict[str, int] | None:
+        """The inner store's requests per method, if it counts them."""
+        return request_counts(self.inner)
 
     def describe(self) -> str:
         """The inner store's description: retrying is invisible to users."""

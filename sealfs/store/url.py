@@ -1,13 +1,21 @@
 """Store URLs: turn what the user typed into a stacked ObjectStore.
 
 Supported forms: a directory path or file:///abs/path (LocalStore behind
-RetryingStore), memory:// (a fresh MemoryStore, for tests) and, later,
-s3://bucket/prefix. A CachingStore goes on top when a cache directory is given.
-Messages never echo a URL beyond its scheme: URLs may carry credentials.
+RetryingStore), s3://bucket/prefix (S3Store behind RetryingStore) and memory://
+(a fresh MemoryStore, for tests). A CachingStore goes on top when a cache
+directory is given; for S3 stores it is on by default (under
+~/.cache/sealfs/<hash of the URL>), so that re-reading a hot file sends no
+request. Messages never echo a URL beyond its scheme: URLs may carry credentials.
+
+S3 settings come from the usual places: the endpoint from the s3_endpoint
+argument (--s3-endpoint) or AWS_ENDPOINT_URL (which boto3 reads itself), the
+region from AWS_REGION, AWS_DEFAULT_REGION or the profile, the credentials
+from boto3's default chain only (environment, profile, instance role).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -21,6 +29,10 @@ from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of sealed chunks
+DEFAULT_STORE_TIMEOUT = 300.0  # seconds a store request may keep failing before EIO
+# An S3 request is retried until store_timeout runs out, not after a fixed count.
+S3_RETRY_ATTEMPTS = 1_000_000
+S3_MAX_BACKOFF = 5.0
 SUPPORTED_FORMS = "a directory path, file:///absolute/path, s3://bucket/prefix or memory://"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -54,22 +66,105 @@ def local_path(url: str) -> Path:
     return Path(os.path.normpath(path))
 
 
+def is_s3_url(url: str) -> bool:
+    """Whether url names an S3 store. Raises ConfigError if empty."""
+    return _scheme(url) == "s3"
+
+
+_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+# S3's "safe characters" for key prefixes, one path component at a time.
+_PREFIX_PART_RE = re.compile(r"^[A-Za-z0-9!_.*'()-]+$")
+
+
+def validate_bucket(bucket: str) -> str:
+    """Return bucket unchanged, or raise ConfigError if it cannot be an S3 bucket name."""
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise ConfigError(
+            "invalid S3 bucket name: use 3-63 letters, digits, dots and hyphens (s3://BUCKET/PREFIX)"
+        )
+    return bucket
+
+
+def normalize_key_prefix(prefix: str) -> str:
+    """A volume's S3 key prefix without leading or trailing slashes. Raises ConfigError."""
+    prefix = prefix.strip("/")
+    if not prefix:
+        return ""
+    for part in prefix.split("/"):
+        if part in (".", "..") or not _PREFIX_PART_RE.match(part):
+            raise ConfigError(
+                "invalid S3 key prefix: use letters, digits and !_.*'()- between slashes"
+            )
+    if len(prefix) > 512:
+        raise ConfigError("S3 key prefix too long (at most 512 characters)")
+    return prefix
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """(bucket, key prefix) of s3://bucket/prefix. Raises ConfigError, never echoing the URL."""
+    if _scheme(url) != "s3":
+        raise ConfigError("not an s3:// store URL")
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ConfigError(
+            "s3:// URLs take no credentials: use the environment, a profile or an instance role"
+        )
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ConfigError("s3:// URLs take no query or fragment: give s3://bucket/prefix")
+    if not parts.netloc:
+        raise ConfigError("s3:// URL without a bucket: give s3://bucket/prefix")
+    return validate_bucket(parts.netloc), normalize_key_prefix(unquote(parts.path))
+
+
+def default_cache_dir(url: str, endpoint: str | None = None) -> Path:
+    """~/.cache/sealfs/<first 16 hex digits of SHA-256 of the URL (and endpoint, if any)>."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = url if not endpoint else f"{url} at {endpoint}"
+    return Path(base) / "sealfs" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def open_store(
-    url: str, *, cache_dir: Path | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES
+    url: str,
+    *,
+    cache_dir: Path | None = None,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    s3_endpoint: str | None = None,
+    store_timeout: float = DEFAULT_STORE_TIMEOUT,
+    default_cache: bool = True,
 ) -> ObjectStore:
     """Open the store url names, wrapped for retries and, with cache_dir, a chunk cache.
 
+    store_timeout: how long one store request may keep failing transiently
+    before it fails for good (StoreUnavailableError, EIO in the mount).
+    default_cache: for S3 stores, cache chunks under default_cache_dir() when no
+    cache_dir is given (init passes False: it reads no chunk).
     Raises ConfigError for an unsupported or malformed URL. Opens no connection
-    and touches no file yet (but for creating cache_dir).
+    and touches no file yet (but for creating the cache directory).
     """
+    if store_timeout <= 0:
+        raise ConfigError("the store timeout must be positive")
     scheme = _scheme(url)
     store: ObjectStore
     if scheme in ("", "file"):
-        store = RetryingStore(LocalStore(local_path(url)))
+        store = RetryingStore(LocalStore(local_path(url)), deadline=store_timeout)
     elif scheme == "memory":
         store = MemoryStore()
     elif scheme == "s3":
-        raise ConfigError("S3 stores are not supported yet")
+        from sealfs.store.s3 import S3Store  # noqa: PLC0415 - boto3 is slow to import
+
+        bucket, prefix = parse_s3_url(url)
+        endpoint = s3_endpoint or None
+        store = RetryingStore(
+            S3Store(bucket, prefix, endpoint_url=endpoint),
+            attempts=S3_RETRY_ATTEMPTS,
+            max_delay=S3_MAX_BACKOFF,
+            deadline=store_timeout,
+        )
+        if cache_dir is None and default_cache:
+            env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL"
+            )
+            cache_dir = default_cache_dir(f"s3://{bucket}/{prefix}", endpoint or env_endpoint)
     else:
         raise ConfigError(f"unsupported store URL scheme {scheme}://: give {SUPPORTED_FORMS}")
     if cache_dir is not None:

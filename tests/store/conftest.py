@@ -1,6 +1,7 @@
 """Store fixtures: every backend the conformance suite runs over, plus tmpfs helpers.
 
-To add a backend (S3 on moto, say), add a factory to STORE_FACTORIES.
+To add a backend, add a factory to STORE_FACTORIES. The S3 ones talk HTTP to
+a moto server on 127.0.0.1 (tests/s3/server.py) and carry the s3 mark.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from sealfs.store.faults import FaultyStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
+from sealfs.store.s3 import S3Store
+from tests.s3.server import moto_endpoint, new_bucket
 
 
 def _memory(tmp_path: Path) -> ObjectStore:
@@ -44,16 +47,40 @@ def _retrying_faulty_local(tmp_path: Path) -> ObjectStore:
     )
 
 
+def _s3(tmp_path: Path) -> ObjectStore:
+    """An S3Store on the run's moto server (real HTTP on 127.0.0.1), in a fresh bucket.
+
+    The volume sits under a key prefix, beside another prefix holding objects
+    of its own: nothing of the neighbour may show through.
+    """
+    bucket = new_bucket()
+    S3Store(bucket, "neighbour", endpoint_url=moto_endpoint()).put("c/ab/1", b"other volume")
+    return S3Store(bucket, "vols/one", endpoint_url=moto_endpoint())
+
+
+def _caching_retrying_s3(tmp_path: Path) -> ObjectStore:
+    """What `sealfs mount s3://...` stacks: a chunk cache over retries over S3."""
+    inner = RetryingStore(S3Store(new_bucket(), "", endpoint_url=moto_endpoint()), deadline=30)
+    return CachingStore(inner, tmp_path / "cache", 64 << 20)
+
+
 # name -> factory(tmp_path) -> a fresh, empty store
 STORE_FACTORIES: dict[str, Callable[[Path], ObjectStore]] = {
     "memory": _memory,
     "local": _local,
     "caching-local": _caching_local,
     "retrying-faulty-local": _retrying_faulty_local,
+    "s3": _s3,
+    "caching-retrying-s3": _caching_retrying_s3,
 }
 
 
-@pytest.fixture(params=sorted(STORE_FACTORIES))
+def _param(name: str) -> object:
+    """S3 backends carry the s3 mark (-m "not s3" skips them)."""
+    return pytest.param(name, marks=pytest.mark.s3) if "s3" in name else name
+
+
+@pytest.fixture(params=[_param(name) for name in sorted(STORE_FACTORIES)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
     made = STORE_FACTORIES[request.param](tmp_path)
     try:

@@ -11,6 +11,7 @@ from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
+from sealfs.store.s3 import S3Store
 from sealfs.store.url import is_local_url, local_path, open_store
 
 
@@ -37,9 +38,21 @@ def test_memory_url() -> None:
     assert not is_local_url("memory://")
 
 
-def test_s3_is_not_supported_yet() -> None:
-    with pytest.raises(ConfigError, match="S3 stores are not supported yet"):
-        open_store("s3://bucket/prefix")
+def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    store = open_store("s3://bucket/vol/one/", s3_endpoint="http://127.0.0.1:1", store_timeout=7)
+    assert isinstance(store, CachingStore)
+    assert store.cache_dir.parent == tmp_path / "xdg" / "sealfs"
+    assert isinstance(store.inner, RetryingStore)
+    s3 = store.inner.inner
+    assert isinstance(s3, S3Store)
+    assert (s3.bucket, s3.prefix, s3.endpoint_url) == ("bucket", "vol/one", "http://127.0.0.1:1")
+    assert store.describe() == "s3 store s3://bucket/vol/one at http://127.0.0.1:1"
+    assert store.request_counts() == {}
+    uncached = open_store("s3://bucket/vol", default_cache=False)
+    assert isinstance(uncached, RetryingStore)
 
 
 def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:

@@ -1,0 +1,530 @@
+"""S3Store: objects in an S3 bucket (AWS S3 or any S3-compatible service), over boto3.
+
+Object "c/ab/xyz" is the key PREFIX/c/ab/xyz of the bucket; several volumes
+can share a bucket under different prefixes. Nothing but the sealed bytes is
+stored: no user metadata, no tags, no content type beyond the default.
+
+Conditional writes carry the generation race and the header replacement:
+put_if_absent is a PutObject with `If-None-Match: *`, put_if_match one with
+`If-Match: ETAG`. A service that ignores those headers would silently let two
+writers overwrite each other, so `sealfs init` probes for them
+(probe_conditional_writes) and refuses such a service.
+
+This module owns the mapping of S3 and HTTP failures to store errors; it never
+retries (botocore's own retries are disabled: RetryingStore is the one retry
+layer). A PUT that S3 acknowledged is durable, so sync() is a no-op.
+
+Fork safety: the boto3 session and client are made lazily, per process (a
+daemon forks after unlocking, and a forked child must never share the
+parent's connection pool), and under a lock (creating a client is not
+thread-safe; using one is). Clients left over from a parent process are kept
+referenced, never closed or collected: their sockets' descriptors were closed
+by the daemon and may since have been reused.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import os
+import secrets
+import socket
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+import botocore.exceptions as bex
+import urllib3.exceptions
+from botocore.config import Config
+
+from sealfs.errors import (
+    ConfigError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+)
+from sealfs.store.base import ObjectInfo, ObjectStore, validate_name, validate_prefix
+from sealfs.store.url import normalize_key_prefix, validate_bucket
+
+T = TypeVar("T")
+
+FREE_BYTES = 1 << 50  # S3 is unbounded for statfs purposes: report 1 PiB
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+PROBE_PREFIX = "probe/"
+
+# Error codes (and HTTP statuses) worth retrying: throttling, server trouble, timeouts.
+_TRANSIENT_CODES = frozenset({
+    "SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+    "ThrottlingException", "ThrottledException", "RequestThrottled", "RequestLimitExceeded",
+    "TooManyRequestsException", "BandwidthLimitExceeded", "OperationAborted",
+    "ConditionalRequestConflict", "PriorRequestNotComplete", "RequestTimeoutException",
+    "InternalServerError", "BadGateway", "GatewayTimeout", "500", "502", "503", "504",
+})  # fmt: skip
+_TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_EXPIRED_CODES = frozenset({"ExpiredToken", "TokenRefreshRequired", "InvalidToken"})
+_REGION_CODES = frozenset({"PermanentRedirect", "AuthorizationHeaderMalformed", "301"})
+
+# Clients' transport failures that a later attempt may not meet.
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    bex.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+    bex.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError
+    bex.IncompleteReadError,
+    bex.ResponseStreamingError,
+    bex.FlexibleChecksumError,
+    urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
+    ConnectionError,
+    socket.timeout,
+)
+
+# Every live S3Store, so that a fork can give each a fresh lock in the child.
+_instances: weakref.WeakSet[S3Store] = weakref.WeakSet()
+
+
+class _Sessions:
+    """boto3 sessions per (pid, profile, region).
+
+    A session caches the service model, which makes a second client ten times
+    cheaper to create. Sessions are not thread-safe: clients are made from
+    them only under the lock.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_key: dict[tuple[int, str | None, str | None], Any] = {}
+
+    def reset_after_fork(self) -> None:
+        self.lock = threading.Lock()  # the parent's may be held by a thread now gone
+        self.by_key.clear()
+
+
+_SESSIONS = _Sessions()
+
+
+def _after_fork_in_child() -> None:
+    _SESSIONS.reset_after_fork()
+    for store in list(_instances):
+        store._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _strip_userinfo(url: str) -> str:
+    """The endpoint URL without any user:password@ part, for messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class S3Store:
+    """An ObjectStore in an S3 bucket under a key prefix. Thread-safe and fork-safe.
+
+    Raises ObjectNotFoundError, ObjectExistsError, PreconditionFailedError,
+    TransientStoreError (throttling, 5xx, timeouts, dropped connections, short
+    bodies) or StoreError (permissions, missing bucket, bad credentials, each
+    with a one-line fix). Never retries. `requests` counts the HTTP requests
+    sent, per store method ("get", "put", "list", ...).
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        max_pool: int = 16,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
+    ) -> None:
+        if max_pool < 1:
+            raise ConfigError("the S3 connection pool needs at least one connection")
+        self.bucket = validate_bucket(bucket)
+        self.prefix = normalize_key_prefix(prefix)
+        self._root = f"{self.prefix}/" if self.prefix else ""
+        if endpoint_url and "@" in urlsplit(endpoint_url).netloc:
+            raise ConfigError(
+                "the S3 endpoint URL takes no credentials: use the environment, a profile"
+                " or an instance role"
+            )
+        self.endpoint_url = endpoint_url or None
+        self.region = region or None
+        self.profile = profile or None
+        self.max_pool = max_pool
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._pid = 0
+        self._stale_clients: list[Any] = []  # a parent's clients: never closed here (see above)
+        _instances.add(self)
+
+    # -- clients, per process ---------------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may be held by a thread now gone)."""
+        self._lock = threading.Lock()
+        if self._client is not None:
+            self._stale_clients.append(self._client)
+            self._client = None
+
+    def _get_client(self) -> Any:
+        pid = os.getpid()
+        client = self._client
+        if client is not None and self._pid == pid:
+            return client
+        with self._lock:
+            if self._client is not None and self._pid != pid:
+                self._stale_clients.append(self._client)
+                self._client = None
+            if self._client is None:
+                self._client = self._make_client()
+                self._pid = pid
+            return self._client
+
+    def _make_client(self) -> Any:
+        with _SESSIONS.lock:
+            key = (os.getpid(), self.profile, self._region())
+            session = _SESSIONS.by_key.get(key)
+            if session is None:
+                try:
+                    session = boto3.session.Session(profile_name=key[1], region_name=key[2])
+                except bex.ProfileNotFound:
+                    raise ConfigError(
+                        "AWS profile not found: check AWS_PROFILE and ~/.aws/config"
+                    ) from None
+                _SESSIONS.by_key[key] = session
+            return self._client_from(session)
+
+    def _client_from(self, session: Any) -> Any:
+        s3_config: dict[str, str] = {}
+        style = self._addressing_style(session)
+        if style:
+            s3_config["addressing_style"] = style
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": 1},  # RetryingStore retries
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
+            max_pool_connections=self.max_pool,
+            tcp_keepalive=True,
+            user_agent_extra="sealfs",
+            s3=s3_config or None,
+        )
+        try:
+            return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        except ValueError as exc:  # e.g. a malformed endpoint URL
+            raise ConfigError(
+                f"cannot set up the S3 client (check --s3-endpoint and the AWS_* settings): {exc}"
+            ) from None
+        except bex.BotoCoreError as exc:
+            raise StoreError(f"cannot set up the S3 client: {exc}") from None
+
+    def _region(self) -> str | None:
+        """An explicit region, else AWS_REGION (boto3 reads AWS_DEFAULT_REGION, profiles)."""
+        return self.region or os.environ.get("AWS_REGION") or None
+
+    def _addressing_style(self, session: Any) -> str | None:
+        """Path-style for a custom endpoint (MinIO, Ceph...) unless the profile says otherwise."""
+        try:
+            scoped = session._session.get_scoped_config()
+            configured = (scoped.get("s3") or {}).get("addressing_style")
+        except Exception:  # a config file boto3 cannot read is boto3's to report
+            configured = None
+        if configured:
+            return str(configured)
+        return "path" if self._custom_endpoint() else None
+
+    def _custom_endpoint(self) -> str | None:
+        return (
+            self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+
+    # -- requests ---------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return self._root + validate_name(name)
+
+    def _count(self, method: str) -> None:
+        with self._lock:
+            self.requests[method] += 1
+
+    def request_counts(self) -> dict[str, int]:
+        """HTTP requests sent so far, per store method."""
+        with self._lock:
+            return dict(self.requests)
+
+    def _call(
+        self,
+        method: str,
+        name: str,
+        call: Callable[[Any], T],
+        on_client_error: Callable[[str, int], StoreError | None] | None = None,
+    ) -> T:
+        """Send one request; map every failure to a store error."""
+        client = self._get_client()
+        self._count(method)
+        try:
+            return call(client)
+        except bex.ClientError as exc:
+            err = exc.response.get("Error", {}) or {}
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            mapped = on_client_error(code, status) if on_client_error else None
+            raise (mapped or self._client_error(method, name, code, status)) from None
+        except StoreError:
+            raise
+        except (bex.NoCredentialsError, bex.PartialCredentialsError) as exc:
+            raise StoreError(
+                f"{self.describe()}: no usable AWS credentials ({type(exc).__name__}): set"
+                " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an"
+                " instance role"
+            ) from None
+        except bex.CredentialRetrievalError as exc:
+            raise TransientStoreError(
+                f"{self.describe()}: fetching credentials failed: {exc}"
+            ) from None
+        except bex.SSLError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise StoreError(
+                    f"{self.describe()}: the endpoint's TLS certificate does not verify:"
+                    " fix the endpoint URL or set AWS_CA_BUNDLE"
+                ) from None
+            raise TransientStoreError(f"{self._what(method, name)}: {exc}") from None
+        except _TRANSPORT_ERRORS as exc:
+            raise TransientStoreError(
+                f"{self._what(method, name)}: {type(exc).__name__}: {exc}"
+            ) from None
+        except bex.BotoCoreError as exc:
+            raise StoreError(f"{self._what(method, name)}: {exc}") from None
+
+    def _what(self, method: str, name: str) -> str:
+        return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"
+
+    def _client_error(self, method: str, name: str, code: str, status: int) -> StoreError:
+        what = self._what(method, name)
+        bucket = self.bucket
+        if code == "NoSuchBucket":
+            return StoreError(
+                f"bucket {bucket} does not exist at {self._where()}: create it first"
+                f" (aws s3 mb s3://{bucket}) or fix the URL or --s3-endpoint"
+            )
+        if code in _NOT_FOUND_CODES or (status == 404 and not code):
+            return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
+        if code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS:
+            return TransientStoreError(f"{what}: {code or status}")
+        if code == "InvalidAccessKeyId":
+            return StoreError(
+                f"{what}: the service does not know this access key: check"
+                " AWS_ACCESS_KEY_ID, AWS_PROFILE or the endpoint"
+            )
+        if code == "SignatureDoesNotMatch":
+            return StoreError(
+                f"{what}: request signature rejected: check the secret access key and the region"
+            )
+        if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
+            return StoreError(
+                f"{what}: access denied: the credentials need s3:GetObject, s3:PutObject,"
+                f" s3:DeleteObject and s3:ListBucket on bucket {bucket}"
+            )
+        if code in _EXPIRED_CODES:
+            return StoreError(f"{what}: the session token expired: refresh the credentials")
+        if code in _REGION_CODES:
+            return StoreError(
+                f"{what}: bucket {bucket} is in another region: set AWS_REGION to its region"
+            )
+        if code == "RequestTimeTooSkewed":
+            return StoreError(f"{what}: this host's clock is off: synchronise it (NTP)")
+        if code == "NotImplemented" or status == 501:
+            return StoreError(
+                f"{what}: the service does not implement this request ({code or status});"
+                " sealfs needs PutObject with If-None-Match and If-Match"
+            )
+        return StoreError(f"{what}: {code or 'HTTP'} ({status})")
+
+    # -- ObjectStore ------------------------------------------------------------------
+
+    def get(self, name: str) -> bytes:
+        """Return the whole object. Raises ObjectNotFoundError; a short body is transient."""
+        key = self._key(name)
+
+        def call(client: Any) -> bytes:
+            response = client.get_object(Bucket=self.bucket, Key=key)
+            body = response["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+            expected = response.get("ContentLength")
+            if expected is not None and len(data) != int(expected):
+                raise TransientStoreError(
+                    f"{self._what('get', name)}: body cut short ({len(data)} of {expected} bytes)"
+                )
+            return data
+
+        return self._call("get", name, call)
+
+    def stat(self, name: str) -> ObjectInfo:
+        """Size and the server's ETag (opaque). Raises ObjectNotFoundError."""
+        key = self._key(name)
+        response = self._call("stat", name, lambda c: c.head_object(Bucket=self.bucket, Key=key))
+        return ObjectInfo(name=name, size=int(response["ContentLength"]), etag=response["ETag"])
+
+    def put(self, name: str, data: bytes) -> None:
+        """Create or replace the object (a single PutObject is atomic)."""
+        key, body = self._key(name), bytes(data)
+        self._call("put", name, lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body))
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        """PutObject with If-None-Match: *. Raises ObjectExistsError (412).
+
+        A 409 ConditionalRequestConflict (a concurrent conditional write still
+        in flight) is transient: the retry then gets a definite answer.
+        """
+        key, body = self._key(name), bytes(data)
+
+        def on_error(code: str, status: int) -> StoreError | None:
+            if code == "PreconditionFailed" or status == 412:
+                return ObjectExistsError(f"object {name} already exists in {self.describe()}")
+            return None
+
+        self._call(
+            "put_if_absent",
+            name,
+            lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"),
+            on_error,
+        )
+
+    def put_if_match(self, name: str, data: bytes, etag: str) -> None:
+        """PutObject with If-Match: etag. Raises PreconditionFailedError (412), or
+        ObjectNotFoundError (404) if the object is missing."""
+        key, body = self._key(name), bytes(data)
+
+        def on_error(code: str, status: int) -> StoreError | None:
+            if code == "PreconditionFailed" or status == 412:
+                return PreconditionFailedError(f"object {name} changed since etag {etag[:14]}")
+            return None
+
+        self._call(
+            "put_if_match",
+            name,
+            lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body, IfMatch=etag),
+            on_error,
+        )
+
+    def delete(self, name: str) -> None:
+        """DeleteObject; S3 answers a missing key with success too."""
+        key = self._key(name)
+        self._call("delete", name, lambda c: c.delete_object(Bucket=self.bucket, Key=key))
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        """ListObjectsV2 (every page) under prefix after start_after: names, sorted."""
+        validate_prefix(prefix)
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": self._root + prefix,
+            "MaxKeys": self.list_page_size,
+        }
+        if start_after:
+            kwargs["StartAfter"] = self._root + start_after
+        names: list[str] = []
+        while True:
+            page = self._call("list", prefix, lambda c: c.list_objects_v2(**kwargs))
+            for item in page.get("Contents", ()):
+                name = str(item["Key"])[len(self._root) :]
+                if name.startswith(prefix) and name > start_after and _is_object_name(name):
+                    names.append(name)
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+            kwargs["ContinuationToken"] = token
+        names.sort()
+        return names
+
+    def sync(self) -> None:
+        """Nothing to do: S3 acknowledges a PUT only once it is durable."""
+
+    def free_bytes(self) -> int:
+        """A large constant: a bucket has no fixed size."""
+        return FREE_BYTES
+
+    def _where(self) -> str:
+        endpoint = self._custom_endpoint()
+        if endpoint:
+            return _strip_userinfo(endpoint)
+        region = self._region() or os.environ.get("AWS_DEFAULT_REGION")
+        return f"AWS S3 ({region})" if region else "AWS S3"
+
+    def describe(self) -> str:
+        """ "s3 store s3://bucket/prefix at ENDPOINT" (never credentials)."""
+        return f"s3 store s3://{self.bucket}/{self.prefix} at {self._where()}"
+
+    def close(self) -> None:
+        """Close this process's connection pool (a parent's is left alone)."""
+        with self._lock:
+            client, self._client = self._client, None
+            if client is not None and self._pid != os.getpid():
+                self._stale_clients.append(client)
+                return
+        if client is not None:
+            client.close()
+
+
+def _is_object_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except ConfigError:
+        return False
+    return True
+
+
+def probe_conditional_writes(store: ObjectStore) -> None:
+    """Check that the service enforces If-None-Match (and If-Match) conditional writes.
+
+    Creates a probe object under the volume prefix twice: the second create
+    must fail. Then a replace with a wrong etag must fail. Deletes the probe.
+    Raises ConfigError for a service that ignores the conditions, StoreError
+    (or StoreUnavailableError) if the store cannot be reached.
+    """
+    name = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
+    store.put_if_absent(name, b"sealfs conditional-write probe: first")
+    try:
+        try:
+            store.put_if_absent(name, b"sealfs conditional-write probe: second")
+        except ObjectExistsError:
+            pass
+        else:
+            raise ConfigError(
+                "this S3 service ignores If-None-Match conditional writes; sealfs needs them"
+                " for single-writer safety (two writers could both commit the same"
+                " generation): use AWS S3, a recent MinIO, Ceph RGW, R2 or another service"
+                " that enforces them"
+            )
+        wrong = store.stat(name).etag + "x"
+        try:
+            store.put_if_match(name, b"sealfs conditional-write probe: third", wrong)
+        except PreconditionFailedError:
+            pass
+        else:
+            raise ConfigError(
+                "this S3 service ignores If-Match conditional writes; sealfs needs them so"
+                " that two key changes cannot overwrite each other's volume header"
+            )
+    finally:
+        store.delete(name)

@@ -1,0 +1,130 @@
+"""S3 fixtures: the run's moto server, a bucket per test, a fault proxy, S3 volumes.
+
+Everything talks HTTP to 127.0.0.1 only: moto binds 127.0.0.1 (never
+0.0.0.0), the proxy too, and the environment holds fake credentials, no
+profile and no instance metadata (tests/s3/server.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mounts import CHEAP_KDF, VolumeEnv, abort_connection, force_unmount, sealfs
+from tests.s3.proxy import FaultProxy
+from tests.s3.server import moto_endpoint, new_bucket
+
+
+@pytest.fixture(scope="session")
+def moto() -> str:
+    """The endpoint URL of the run's moto server (http://127.0.0.1:PORT)."""
+    return moto_endpoint()
+
+
+@pytest.fixture
+def bucket(moto: str) -> str:
+    """A fresh, empty bucket on the moto server."""
+    return new_bucket()
+
+
+@pytest.fixture
+def proxy(moto: str) -> Iterator[FaultProxy]:
+    """A fault proxy in front of moto, injecting nothing until told to."""
+    p = FaultProxy(moto, seed=1234).start()
+    yield p
+    p.stop()
+
+
+def s3_daemon_pids(url: str) -> list[int]:
+    """Pids of sealfs mount daemons serving this S3 URL (found by their command line)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sealfs.cli.main" in b" ".join(cmd) and b"mount" in cmd and url.encode() in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass
+class S3VolumeEnv(VolumeEnv):
+    """A volume at s3://BUCKET/vol reached through `endpoint`, and a mountpoint."""
+
+    url: str = ""
+    endpoint: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **self.extra_env}
+
+    def init(self, *extra: str) -> Any:
+        return sealfs(
+            "init", self.url, "--s3-endpoint", self.endpoint, "--passphrase-file",
+            str(self.passfile), "--recovery-key-file", str(self.recovery_file), *CHEAP_KDF,
+            *extra, check=True, env=self._env(),
+        )  # fmt: skip
+
+    def mount(self, *extra: str, check: bool = True) -> Any:
+        result = sealfs(
+            "mount", self.url, str(self.mnt), "--s3-endpoint", self.endpoint,
+            "--passphrase-file", str(self.passfile), "--log-file", str(self.log),
+            "--cache-dir", str(self.cache), *extra, timeout=120, env=self._env(),
+        )  # fmt: skip
+        if check:
+            assert result.returncode == 0, result.stderr + self.log_text()
+        if result.returncode == 0:
+            self._arm_watchdog()
+        return result
+
+    def umount(self, check: bool = True) -> Any:
+        result = sealfs("umount", str(self.mnt), timeout=120)
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr + self.log_text()
+        self._disarm_watchdog()
+        return result
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
+        for pid in s3_daemon_pids(self.url):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while s3_daemon_pids(self.url) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        force_unmount(str(self.mnt))
+        self._disarm_watchdog()
+
+    def cleanup(self) -> bool:
+        leaked = self.is_mounted() or bool(s3_daemon_pids(self.url))
+        if self.is_mounted():
+            abort_connection(str(self.mnt))
+            force_unmount(str(self.mnt))
+        for pid in s3_daemon_pids(self.url):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._disarm_watchdog()
+        return leaked
+
+
+@pytest.fixture
+def s3_env(tmp_path: Path, bucket: str, proxy: FaultProxy) -> Iterator[S3VolumeEnv]:
+    """An initialised volume at s3://BUCKET/vol, reached through the (quiet) proxy.
+
+    Fails the test if it leaves a mount or a daemon behind.
+    """
+    env = S3VolumeEnv(tmp_path, url=f"s3://{bucket}/vol", endpoint=proxy.url)
+    env.init()
+    yield env
+    assert not env.cleanup(), "the test left a mount or a daemon behind"

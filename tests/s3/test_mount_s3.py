@@ -1,0 +1,247 @@
+"""Real FUSE mounts on s3:// stores: faults, a crash, an unreachable store, leaks, economy.
+
+Every mount goes through the fault proxy (tests/s3/proxy.py) to the moto
+server, with the CLI run as a user runs it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs
+from tests.s3.conftest import S3VolumeEnv
+from tests.s3.proxy import FaultProxy
+from tests.s3.server import all_objects
+
+pytestmark = [pytest.mark.s3, pytest.mark.fuse]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint(mnt: Path, name: str, data: bytes) -> None:
+    """The atomic checkpoint idiom: write a temp file, fsync it, rename it, fsync the dir."""
+    tmp = mnt / f".{name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, mnt / name)
+    fsync_dir(mnt)
+
+
+def assert_holds(mnt: Path, expected: dict[str, bytes]) -> None:
+    for name, data in expected.items():
+        got = (mnt / name).read_bytes()
+        assert got == data, f"{name}: {len(got)} bytes, expected {len(data)}"
+
+
+def fresh_cache(env: S3VolumeEnv) -> None:
+    """Forget the disk cache, so that the next mount reads every chunk from the bucket."""
+    shutil.rmtree(env.cache, ignore_errors=True)
+
+
+def test_checkpoints_survive_faults_and_a_crash(s3_env: S3VolumeEnv, proxy: FaultProxy) -> None:
+    env = s3_env
+    proxy.delay = 0.2
+    proxy.set_faults(0.1)  # a tenth of all requests fail, in every way the proxy knows
+    env.mount()
+    rng = random.Random(11)
+    committed: dict[str, bytes] = {}
+
+    def one_round(step: int) -> None:
+        data = rng.randbytes(rng.choice([2_000, 400_000, 1_600_000]))
+        checkpoint(env.mnt, f"step-{step}.bin", data)
+        committed[f"step-{step}.bin"] = data
+        latest = json.dumps({"step": step, "size": len(data)}).encode()
+        checkpoint(env.mnt, "latest.json", latest)
+        committed["latest.json"] = latest
+
+    for step in range(4):
+        one_round(step)
+    (env.mnt / "unsynced.bin").write_bytes(b"written, never fsynced")
+    env.kill()  # a crash, with faults still on
+    fresh_cache(env)
+    env.mount()
+    assert_holds(env.mnt, committed)
+    for step in range(4, 7):
+        one_round(step)
+    env.umount()
+    proxy.set_faults(0.0)
+    fresh_cache(env)
+    env.mount()
+    assert_holds(env.mnt, committed)
+    assert sorted(p.name for p in env.mnt.iterdir() if p.name.startswith("step-")) == sorted(
+        n for n in committed if n.startswith("step-")
+    )
+    env.umount()
+    assert sum(proxy.injected.values()) >= 10, proxy.injected
+    assert {"drop", "drop_after", "500", "503", "slowdown", "cut"} & set(proxy.injected)
+    assert "Traceback" not in env.log_text()
+
+
+def test_unreachable_store_makes_fsync_wait_then_succeed(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    env = s3_env
+    env.mount()
+    first = os.urandom(300_000)
+    checkpoint(env.mnt, "first.bin", first)
+    proxy.close()
+    second = os.urandom(700_000)
+    outcome: dict[str, object] = {}
+
+    def write_second() -> None:
+        try:
+            checkpoint(env.mnt, "second.bin", second)
+            outcome["ok"] = time.monotonic()
+        except OSError as exc:
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=write_second)
+    writer.start()
+    writer.join(4.0)
+    assert writer.is_alive(), f"fsync returned while the store was unreachable: {outcome}"
+    reopened = time.monotonic()
+    proxy.reopen()
+    writer.join(90)
+    assert not writer.is_alive()
+    assert "ok" in outcome, outcome
+    assert float(outcome["ok"]) - reopened < 30  # type: ignore[arg-type]
+    env.umount()
+    fresh_cache(env)
+    env.mount()
+    assert_holds(env.mnt, {"first.bin": first, "second.bin": second})
+    env.umount()
+
+
+def test_short_store_timeout_fails_fsync_with_eio_and_keeps_the_data(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    env = s3_env
+    env.mount("--store-timeout", "2")
+    data = os.urandom(500_000)
+    proxy.close()
+    with open(env.mnt / "kept.bin", "wb") as f:
+        f.write(data)
+        f.flush()
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            os.fsync(f.fileno())
+        assert info.value.errno == errno.EIO
+        assert time.monotonic() - started < 30
+        proxy.reopen()
+        os.fsync(f.fileno())  # the data was kept: this commit carries it
+    assert "unreachable" in env.log_text()
+    env.umount()
+    fresh_cache(env)
+    env.mount()
+    assert_holds(env.mnt, {"kept.bin": data})
+    env.umount()
+
+
+def test_hot_reads_send_no_request_and_status_counts_requests(s3_env: S3VolumeEnv) -> None:
+    env = s3_env
+    env.mount()
+    data = os.urandom(3 << 20)
+    checkpoint(env.mnt, "model.bin", data)
+    before = env.status()
+    checkpoint(env.mnt, "ckpt.bin", os.urandom(1 << 20))  # a 1 MiB checkpoint commit
+    after = env.status()
+    old, new = before["store_requests"], after["store_requests"]
+    spent = {m: new[m] - old.get(m, 0) for m in new if new[m] != old.get(m)}
+    assert spent.keys() <= {"put", "put_if_absent"}, spent  # no read, list or stat
+    assert spent["put"] == after["chunks"] - before["chunks"] >= 1  # one PUT per new chunk
+    assert spent["put_if_absent"] == 2  # a segment for the file's fsync, one for the rename's
+    table = sealfs("status", str(env.mnt))
+    assert "store requests" in table.stdout, table.stdout + table.stderr
+    env.umount()
+    env.mount()  # same disk cache: every chunk was written through to it
+    before = env.status()["store_requests"]
+    for _ in range(2):
+        assert (env.mnt / "model.bin").read_bytes() == data
+    assert env.status()["store_requests"] == before  # not one request
+    env.umount()
+    offline = sealfs(
+        "status", env.url, "--s3-endpoint", env.endpoint, "--passphrase-file", str(env.passfile),
+        "--json",
+    )  # fmt: skip
+    assert offline.returncode == 0, offline.stderr
+    status = json.loads(offline.stdout)
+    assert status["files"] == 2
+    assert status["store"] == f"s3 store {env.url.removesuffix('/vol')}/vol at {env.endpoint}"
+    assert status["store_requests"]["get"] >= 2  # the header and the log
+
+
+CANARIES = [
+    "CANARY-NAME-7f3a", "CANARY-DIR-91be", "CANARY-TEXT-c0de", "CANARY-LINK-d00d",
+    "CANARY-XNAME-beef", "CANARY-XVAL-f00d", PASSPHRASE,
+]  # fmt: skip
+OBJECT_KEY = re.compile(r"^vol/(c/([0-9a-f]{2})/\2[0-9a-f]{62}|l/\d{16}|s/\d{16}|sealfs\.vol)$")
+
+
+def encodings(canary: str) -> list[bytes]:
+    forms = {canary, canary.lower(), canary.upper()}
+    return [f.encode(e) for f in forms for e in ("utf-8", "utf-16-le", "utf-16-be")]
+
+
+def test_no_canary_in_any_key_or_body_of_the_bucket(s3_env: S3VolumeEnv, bucket: str) -> None:
+    env = s3_env
+    result = sealfs(
+        "--verbose", "mount", env.url, str(env.mnt), "--s3-endpoint", env.endpoint,
+        "--passphrase-file", str(env.passfile), "--log-file", str(env.log),
+        "--cache-dir", str(env.cache),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    env._arm_watchdog()
+    name, dirname, text, link, xname, xvalue = CANARIES[:6]
+    (env.mnt / dirname).mkdir()
+    (env.mnt / dirname / f"{name}.txt").write_bytes((text + " line\n").encode() * 50_000)
+    (env.mnt / "small").write_text(text)
+    os.symlink(f"/target/{link}", env.mnt / "link")
+    os.setxattr(env.mnt / "small", f"user.{xname}", xvalue.encode())
+    fsync_dir(env.mnt)
+    env.umount()
+    objects = all_objects(bucket)
+    assert objects, "nothing reached the bucket"
+    bad_keys = [k for k in objects if not OBJECT_KEY.match(k)]
+    assert not bad_keys, bad_keys
+    for canary in CANARIES:
+        for form in encodings(canary):
+            assert not any(form in key.encode() for key in objects), canary
+            assert not any(form in body for body in objects.values()), canary
+            for path in env.cache.rglob("*"):
+                assert not path.is_file() or form not in path.read_bytes(), (canary, path)
+            assert form not in env.log.read_bytes(), canary
+
+
+def test_init_refuses_a_service_that_ignores_if_none_match(
+    tmp_path: Path, bucket: str, proxy: FaultProxy
+) -> None:
+    proxy.strip_if_none_match = True
+    passfile = tmp_path / "pass"
+    passfile.write_text(PASSPHRASE + "\n")
+    result = sealfs(
+        "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
+        str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "ignores If-None-Match conditional writes" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert all_objects(bucket) == {}
+    assert not (tmp_path / "recovery").exists()

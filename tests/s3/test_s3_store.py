@@ -1,0 +1,223 @@
+"""S3Store over real HTTP to moto: layout, error mapping, retries through faults, fork, probe."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+
+import pytest
+
+from sealfs.errors import (
+    ConfigError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+    TransientStoreError,
+)
+from sealfs.store.base import request_counts
+from sealfs.store.retry import RetryingStore
+from sealfs.store.s3 import S3Store, probe_conditional_writes
+from sealfs.store.url import open_store, parse_s3_url
+from tests.s3.proxy import FaultProxy
+from tests.s3.server import all_objects, client
+
+pytestmark = pytest.mark.s3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_keys_are_prefix_plus_name_and_nothing_else(moto: str, bucket: str) -> None:
+    store = S3Store(bucket, "/team/vol-a/", endpoint_url=moto)
+    store.put("c/ab/abcd", b"sealed")
+    store.put_if_absent("l/0000000000000001", b"segment")
+    assert sorted(all_objects(bucket)) == ["team/vol-a/c/ab/abcd", "team/vol-a/l/0000000000000001"]
+    head = client().head_object(Bucket=bucket, Key="team/vol-a/c/ab/abcd")
+    assert head["Metadata"] == {}  # nothing stored beside the sealed body
+
+
+def test_volumes_share_a_bucket_under_different_prefixes(moto: str, bucket: str) -> None:
+    a = S3Store(bucket, "vol", endpoint_url=moto)
+    b = S3Store(bucket, "vol2", endpoint_url=moto)
+    root = S3Store(bucket, "", endpoint_url=moto)
+    a.put_if_absent("l/0000000000000001", b"a")
+    b.put_if_absent("l/0000000000000001", b"b")  # same name, other prefix: no conflict
+    assert (a.get("l/0000000000000001"), b.get("l/0000000000000001")) == (b"a", b"b")
+    assert a.list("") == b.list("") == ["l/0000000000000001"]
+    assert root.list("") == ["vol/l/0000000000000001", "vol2/l/0000000000000001"]
+    a.delete("l/0000000000000001")
+    assert b.get("l/0000000000000001") == b"b"
+
+
+def test_list_follows_every_page(moto: str, bucket: str) -> None:
+    store = S3Store(bucket, "p", endpoint_url=moto)
+    names = [f"l/{i:016d}" for i in range(1, 24)]
+    for name in names:
+        store.put(name, b"x")
+    store.list_page_size = 5
+    before = store.requests["list"]
+    assert store.list("l/") == names
+    assert store.requests["list"] - before == 5  # 23 keys, 5 per page
+    assert store.list("l/", start_after=names[10]) == names[11:]
+
+
+def test_requests_are_counted_per_method(moto: str, bucket: str) -> None:
+    store = S3Store(bucket, "p", endpoint_url=moto)
+    store.put("c/ab/1", b"1")
+    store.get("c/ab/1")
+    store.stat("c/ab/1")
+    with pytest.raises(ObjectExistsError):
+        store.put_if_absent("c/ab/1", b"2")
+    store.delete("c/ab/1")
+    store.list("")
+    store.sync()  # no request
+    expected = {"put": 1, "get": 1, "stat": 1, "put_if_absent": 1, "delete": 1, "list": 1}
+    assert store.request_counts() == expected
+    assert request_counts(RetryingStore(store)) == expected
+
+
+def test_missing_bucket_is_a_store_error_with_a_fix(moto: str) -> None:
+    store = S3Store("no-such-bucket-here", "p", endpoint_url=moto)
+    with pytest.raises(StoreError, match=r"does not exist.*create it first") as info:
+        store.get("sealfs.vol")
+    assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
+
+
+def test_unreachable_endpoint_is_transient_then_unavailable() -> None:
+    store = S3Store("bucket", "p", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(TransientStoreError):
+        store.get("sealfs.vol")
+    retrying = RetryingStore(store, attempts=3, sleep=lambda _s: None)
+    with pytest.raises(StoreUnavailableError, match="unreachable after 3 attempts"):
+        retrying.put("c/ab/x", b"x")
+
+
+@pytest.mark.parametrize("fault", ["drop", "drop_after", "500", "503", "slowdown", "cut"])
+def test_each_fault_is_transient(moto: str, bucket: str, proxy: FaultProxy, fault: str) -> None:
+    direct = S3Store(bucket, "p", endpoint_url=moto)
+    direct.put("c/ab/x", os.urandom(4096))
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, [fault])
+    with pytest.raises(TransientStoreError):
+        store.get("c/ab/x")
+
+
+def test_a_body_cut_half_way_is_never_returned(moto: str, bucket: str, proxy: FaultProxy) -> None:
+    data = os.urandom(300_000)
+    S3Store(bucket, "p", endpoint_url=moto).put("c/ab/x", data)
+    store = RetryingStore(
+        S3Store(bucket, "p", endpoint_url=proxy.url), attempts=40, sleep=lambda _s: None
+    )
+    proxy.set_faults(0.6, ["cut"])
+    for _ in range(10):
+        assert store.get("c/ab/x") == data
+    assert proxy.injected["cut"] > 0
+
+
+def test_retrying_store_survives_the_fault_mix(moto: str, bucket: str, proxy: FaultProxy) -> None:
+    """A third of all requests fail in every way the proxy knows; every object arrives intact."""
+    proxy.delay = 0.05
+    store = RetryingStore(
+        S3Store(bucket, "p", endpoint_url=proxy.url, read_timeout=10),
+        attempts=60,
+        base_delay=0.001,
+        max_delay=0.01,
+        deadline=120,
+        rng=random.Random(3),
+    )
+    rng = random.Random(7)
+    expected = {}
+    proxy.set_faults(0.33)
+    for i in range(30):
+        name = f"c/{i % 7:02d}/{i:08d}"
+        data = rng.randbytes(rng.choice([0, 10, 5000, 200_000]))
+        if i % 2:
+            store.put(name, data)
+        else:
+            store.put_if_absent(name, data)  # a lost answer must not look like a conflict
+        expected[name] = data
+    for i in range(1, 6):
+        store.put_if_absent(f"l/{i:016d}", f"segment {i}".encode())
+        expected[f"l/{i:016d}"] = f"segment {i}".encode()
+    assert store.list("") == sorted(expected)
+    for name, data in expected.items():
+        assert store.get(name) == data
+        assert store.stat(name).size == len(data)
+    with pytest.raises(ObjectExistsError):  # a real conflict is still one
+        store.put_if_absent("l/0000000000000001", b"another writer")
+    proxy.set_faults(0.0)
+    assert {k.removeprefix("p/"): v for k, v in all_objects(bucket).items()} == expected
+    assert sum(proxy.injected.values()) > 20, proxy.injected
+    assert set(proxy.injected) >= {"drop", "drop_after", "error_after", "500", "cut"}
+
+
+def test_a_forked_child_gets_its_own_client(moto: str, bucket: str) -> None:
+    store = S3Store(bucket, "p", endpoint_url=moto)
+    store.put("c/ab/parent", b"parent")  # the parent's client now exists, with a connection
+    parent_client = store._client
+    pid = os.fork()
+    if pid == 0:  # child: use the store, report through the exit code
+        code = 1
+        try:
+            store.put("c/ab/child", store.get("c/ab/parent") + b" and child")
+            code = 0 if store._client is not parent_client else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store._client is parent_client
+    assert store.get("c/ab/child") == b"parent and child"
+
+
+def test_probe_accepts_a_service_that_enforces_conditions(moto: str, bucket: str) -> None:
+    store = S3Store(bucket, "vol", endpoint_url=moto)
+    probe_conditional_writes(store)
+    assert all_objects(bucket) == {}  # the probe cleans up after itself
+
+
+def test_probe_refuses_a_service_that_ignores_if_none_match(bucket: str, proxy: FaultProxy) -> None:
+    proxy.strip_if_none_match = True
+    store = S3Store(bucket, "vol", endpoint_url=proxy.url)
+    with pytest.raises(ConfigError, match="ignores If-None-Match conditional writes"):
+        probe_conditional_writes(store)
+    assert all_objects(bucket) == {}
+
+
+def test_describe_names_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="takes no credentials") as info:
+        S3Store("bucket", "a/b", endpoint_url="https://key:secret@minio.example:9000")
+    assert "secret" not in str(info.value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://key:secret@minio.example:9000")
+    store = S3Store("bucket", "a/b")
+    assert store.describe() == "s3 store s3://bucket/a/b at https://minio.example:9000"
+    assert S3Store("bucket", "", endpoint_url="http://127.0.0.1:9").describe() == (
+        "s3 store s3://bucket/ at http://127.0.0.1:9"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("s3://", "without a bucket"),
+        ("s3://AKIA:secret@bucket/p", "take no credentials"),
+        ("s3://bucket/p?x=1", "no query"),
+        ("s3://b/p", "invalid S3 bucket name"),
+        ("s3://bucket/a/../b", "invalid S3 key prefix"),
+        ("s3://bucket/a b", "invalid S3 key prefix"),
+    ],
+)
+def test_bad_s3_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        open_store(url)
+    assert "secret" not in str(info.value)
+
+
+def test_parse_s3_url() -> None:
+    assert parse_s3_url("s3://bucket") == ("bucket", "")
+    assert parse_s3_url("s3://bucket/") == ("bucket", "")
+    assert parse_s3_url("s3://bucket/a/b/") == ("bucket", "a/b")
