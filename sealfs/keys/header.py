@@ -40,6 +40,8 @@ _PREFIX = struct.Struct(">8sHI")
 # never run into the msgpack map that follows them (msgpack maps start >= 0x80).
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 _BODY_KEYS = frozenset({"volume_id", "created_ns", "data_epoch", "slots"})
+# Optional: written by every keyslot change, so that a removed slot's id is never reused.
+_OPTIONAL_BODY_KEYS = frozenset({"next_slot_id"})
 _SLOT_KEYS = frozenset({"id", "kind", "params", "nonce", "wrapped_key"})
 
 
@@ -63,6 +65,15 @@ class VolumeHeader:
     created_ns: int
     slots: tuple[Keyslot, ...]
     data_epoch: int = 0
+    # Lowest slot id never used; None in headers no keyslot change has touched
+    # (then it is max(slot ids) + 1). See first_free_slot_id.
+    next_slot_id: int | None = None
+
+
+def first_free_slot_id(header: VolumeHeader) -> int:
+    """The id the next added keyslot gets: never one that any earlier slot had."""
+    highest = max(s.slot_id for s in header.slots)
+    return max(highest + 1, header.next_slot_id or 0)
 
 
 def _canonical(value: Any) -> Any:
@@ -100,14 +111,15 @@ def encode_header(header: VolumeHeader, header_mac_key: bytes) -> bytes:
     """Serialise header and append its MAC. ValueError if header is not valid v1."""
     if header.format_version != FORMAT_VERSION:
         raise ValueError(f"can only encode format version {FORMAT_VERSION}")
-    body = pack_canonical(
-        {
-            "volume_id": header.volume_id,
-            "created_ns": header.created_ns,
-            "data_epoch": header.data_epoch,
-            "slots": [_slot_body(s) for s in header.slots],
-        }
-    )
+    fields: dict[str, Any] = {
+        "volume_id": header.volume_id,
+        "created_ns": header.created_ns,
+        "data_epoch": header.data_epoch,
+        "slots": [_slot_body(s) for s in header.slots],
+    }
+    if header.next_slot_id is not None:
+        fields["next_slot_id"] = header.next_slot_id
+    body = pack_canonical(fields)
     data = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body
     # Refuse to write what we would refuse to read.
     try:
@@ -187,7 +199,10 @@ def _parse_slot(raw: Any) -> Keyslot:
 
 
 def _parse_body(raw: Any) -> VolumeHeader:
-    _require(isinstance(raw, dict) and set(raw) == _BODY_KEYS, "body has missing or unknown fields")
+    _require(
+        isinstance(raw, dict) and _BODY_KEYS <= set(raw) <= _BODY_KEYS | _OPTIONAL_BODY_KEYS,
+        "body has missing or unknown fields",
+    )
     volume_id, created_ns, epoch, raw_slots = (
         raw["volume_id"],
         raw["created_ns"],
@@ -200,7 +215,13 @@ def _parse_body(raw: Any) -> VolumeHeader:
     _require(isinstance(raw_slots, list) and 0 < len(raw_slots) <= MAX_SLOTS, "bad keyslot list")
     slots = tuple(_parse_slot(s) for s in raw_slots)
     _require(len({s.slot_id for s in slots}) == len(slots), "duplicate keyslot id")
-    return VolumeHeader(FORMAT_VERSION, volume_id, created_ns, slots, epoch)
+    next_id = raw.get("next_slot_id")
+    _require(
+        "next_slot_id" not in raw
+        or (_is_int(next_id, 0, MAX_SLOT_ID + 1) and next_id > max(s.slot_id for s in slots)),
+        "next_slot_id is not above every keyslot id",
+    )
+    return VolumeHeader(FORMAT_VERSION, volume_id, created_ns, slots, epoch, next_id)
 
 
 def decode_header(data: bytes) -> VolumeHeader:

@@ -6,19 +6,23 @@ The slot's identity (volume id, slot id, kind, params) is the associated data,
 so a slot copied from another volume, renumbered or with edited params does not
 open. After a slot opens, the header MAC is checked with a master-key subkey,
 so any other edit of the header (a swapped slot, a lowered KDF cost) is refused.
+
+Secrets that live outside sealfs (an AWS KMS key, a PKCS#11 token key) are
+SlotOpeners: sealfs.keys.kms and sealfs.keys.hsm implement them, and unlock
+tries every slot of the opener's kind. New slots come from SlotMakers.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from sealfs.crypto import aead
 from sealfs.crypto.subkeys import Subkeys, derive_subkeys, hkdf_sha256
-from sealfs.errors import FormatError, IntegrityError, WrongKeyError
+from sealfs.errors import FormatError, IntegrityError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import (
     FORMAT_VERSION,
     Keyslot,
@@ -35,6 +39,10 @@ VOLUME_ID_SIZE = 16
 RECOVERY_KEY_SIZE = 32
 KIND_PASSPHRASE = "passphrase"  # noqa: S105 (a slot kind name, not a password)
 KIND_RECOVERY = "recovery"
+KIND_AWS_KMS = "aws-kms"
+KIND_PKCS11 = "pkcs11"
+# The kinds this build can open; slots of other kinds decode but are never tried.
+KNOWN_KINDS = frozenset({KIND_PASSPHRASE, KIND_RECOVERY, KIND_AWS_KMS, KIND_PKCS11})
 SLOT_AD_PREFIX = b"sealfs/v1/keyslot"
 RECOVERY_INFO = b"sealfs/v1/recovery-slot"
 KDF_ARGON2ID = "argon2id"
@@ -55,7 +63,28 @@ class RecoveryKey:
     value: bytes = field(repr=False)
 
 
-Secret: TypeAlias = Passphrase | RecoveryKey
+class SlotOpener(Protocol):
+    """A secret held outside sealfs (a KMS key, a token key) that opens slots of one kind."""
+
+    @property
+    def kind(self) -> str:
+        """The slot kind this opener tries."""
+        ...
+
+    def open_slot(self, slot: Keyslot, volume_id: bytes) -> bytes | None:
+        """The unwrapped master key, or None if this slot does not open with this secret.
+
+        Raises WrongKeyError (access denied, wrong PIN, wrong context) or
+        KeyUnavailableError (key disabled, service or token unreachable), each
+        with a one-line message naming the slot and the cause.
+        """
+        ...
+
+
+# (slot id, master key, volume id) -> a new keyslot wrapping the master key.
+SlotMaker: TypeAlias = Callable[[int, bytes, bytes], Keyslot]
+
+Secret: TypeAlias = Passphrase | RecoveryKey | SlotOpener
 
 
 @dataclass(frozen=True)
@@ -192,23 +221,50 @@ def make_recovery_slot(
     )
 
 
+def passphrase_slot_maker(passphrase: bytes, params: Argon2Params) -> SlotMaker:
+    """A SlotMaker for a passphrase slot (runs Argon2id when called)."""
+
+    def make(slot_id: int, master_key: bytes, volume_id: bytes) -> Keyslot:
+        return make_passphrase_slot(slot_id, master_key, volume_id, passphrase, params)
+
+    return make
+
+
+def recovery_slot_maker(recovery_key: bytes) -> SlotMaker:
+    """A SlotMaker for a recovery-key slot."""
+
+    def make(slot_id: int, master_key: bytes, volume_id: bytes) -> Keyslot:
+        return make_recovery_slot(slot_id, master_key, volume_id, recovery_key)
+
+    return make
+
+
 def create_header(
     master_key: bytes,
     volume_id: bytes,
-    passphrase: bytes,
-    kdf: Argon2Params,
+    passphrase: bytes | None,
+    kdf: Argon2Params | None,
     recovery_key: bytes,
+    extra_slots: Sequence[SlotMaker] = (),
 ) -> bytes:
-    """Return the encoded header of a new volume: slot 0 passphrase, slot 1 recovery."""
-    slots = (
-        make_passphrase_slot(0, master_key, volume_id, passphrase, kdf),
-        make_recovery_slot(1, master_key, volume_id, recovery_key),
-    )
+    """Return the encoded header of a new volume.
+
+    Slots, numbered from 0 in this order: passphrase (unless passphrase is
+    None), recovery, then extra_slots (KMS, PKCS#11). A maker that fails
+    raises before anything is returned.
+    """
+    makers: list[SlotMaker] = []
+    if passphrase is not None:
+        if kdf is None:
+            raise ValueError("a passphrase slot needs KDF parameters")
+        makers.append(passphrase_slot_maker(passphrase, kdf))
+    makers += [recovery_slot_maker(recovery_key), *extra_slots]
+    slots = tuple(make(i, master_key, volume_id) for i, make in enumerate(makers))
     header = VolumeHeader(FORMAT_VERSION, volume_id, time.time_ns(), slots)
     return encode_header(header, derive_subkeys(master_key, volume_id).header_mac_key)
 
 
-def _try_slots(header: VolumeHeader, secret: Secret) -> tuple[int, bytes] | None:
+def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[int, bytes] | None:
     """Return (slot id, master key) from the first matching slot that opens."""
     vid = header.volume_id
     if isinstance(secret, Passphrase):
@@ -227,19 +283,50 @@ def _try_slots(header: VolumeHeader, secret: Secret) -> tuple[int, bytes] | None
     return None
 
 
+def _try_opener(header: VolumeHeader, opener: SlotOpener) -> tuple[int, bytes]:
+    """Try every slot of the opener's kind in order; the first that opens wins.
+
+    If none opens, re-raise the cause (one slot) or all causes on one line.
+    """
+    slots = [s for s in header.slots if s.kind == opener.kind]
+    if not slots:
+        raise WrongKeyError(f"the volume has no {opener.kind} keyslot")
+    errors: list[WrongKeyError | KeyUnavailableError] = []
+    for slot in slots:
+        try:
+            master_key = opener.open_slot(slot, header.volume_id)
+        except (WrongKeyError, KeyUnavailableError) as exc:
+            errors.append(exc)
+            continue
+        if master_key is None:
+            continue
+        if len(master_key) != MASTER_KEY_SIZE:
+            raise IntegrityError(f"keyslot {slot.slot_id}: unwrapped key has the wrong size")
+        return slot.slot_id, master_key
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise type(errors[0])("; ".join(str(e) for e in errors))
+    raise WrongKeyError(f"no {opener.kind} keyslot opens with this key")
+
+
 def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
     """Open the volume header with secret and verify it; return the keys.
 
     Raises FormatError/UnsupportedVersionError (malformed header), WeakKdfError
     (a passphrase slot's KDF cost is below the minimum; checked before any
-    Argon2 run), WrongKeyError (no slot of the secret's kind opens with it) and
+    Argon2 run), WrongKeyError (no slot of the secret's kind opens with it),
+    KeyUnavailableError (a KMS key or token could not be used) and
     IntegrityError (a slot opened but the header MAC does not match).
     """
     header = decode_header(header_bytes)
-    opened = _try_slots(header, secret)
-    if opened is None:
-        what = "passphrase" if isinstance(secret, Passphrase) else "recovery key"
-        raise WrongKeyError(f"wrong {what}: no keyslot opens with it")
+    if isinstance(secret, Passphrase | RecoveryKey):
+        opened = _try_slots(header, secret)
+        if opened is None:
+            what = "passphrase" if isinstance(secret, Passphrase) else "recovery key"
+            raise WrongKeyError(f"wrong {what}: no keyslot opens with it")
+    else:
+        opened = _try_opener(header, secret)
     slot_id, master_key = opened
     subkeys = derive_subkeys(master_key, header.volume_id)
     verify_header_mac(header_bytes, subkeys.header_mac_key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sealfs.keys.kdf import MIN_ITERATIONS, MIN_MEMORY_KIB, Argon2Params
+from tests.keys.softhsm import softhsm
 
 FAST_KDF = Argon2Params(
     memory_kib=MIN_MEMORY_KIB, iterations=MIN_ITERATIONS, lanes=1, salt=bytes(range(16))
@@ -15,3 +16,6 @@ FAST_KDF = Argon2Params(
 def fast_kdf() -> Argon2Params:
     """Cheapest accepted Argon2id parameters, with a fixed salt so vectors are stable."""
     return FAST_KDF
+
+
+__all__ = ["softhsm"]  # the SoftHSM2 tokens fixture, shared with tests/cli

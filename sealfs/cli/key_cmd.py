@@ -1,0 +1,380 @@
+"""`sealfs key {list,add,remove,passwd,rotate}`: manage a volume's keyslots.
+
+Each change unlocks the header with any existing secret, builds a new header
+(sealfs.keys.edit: re-MACed, never without a slot that opens) and replaces
+`sealfs.vol` only if it is still the version that was read (put_if_match on
+its etag): of two concurrent changes one wins and the other is told to retry.
+No data object is read or written, so this works while the volume is mounted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sealfs.cli import init_cmd
+from sealfs.cli.keysource import (
+    add_new_key_options,
+    get_new_passphrase,
+    kms_clients,
+    kms_maker,
+    token_slot_maker,
+    unlock_header,
+)
+from sealfs.cli.unlock import add_unlock_options, store_from
+from sealfs.errors import ConfigError, FormatError, ObjectNotFoundError, PreconditionFailedError
+from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
+from sealfs.keys.header import HEADER_NAME, Keyslot, VolumeHeader, decode_header
+from sealfs.keys.hsm import params_from_slot as token_params
+from sealfs.keys.kdf import MIN_MEMORY_KIB
+from sealfs.keys.kms import params_from_slot as kms_params
+from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
+from sealfs.keys.slots import (
+    KIND_AWS_KMS,
+    KIND_PASSPHRASE,
+    KIND_PKCS11,
+    KIND_RECOVERY,
+    KNOWN_KINDS,
+    SlotMaker,
+    Unlocked,
+    passphrase_slot_maker,
+    recovery_slot_maker,
+)
+from sealfs.store.base import ObjectStore
+from sealfs.volume.loader import read_header
+
+ADD_KINDS = (KIND_PASSPHRASE, KIND_RECOVERY, KIND_AWS_KMS, KIND_PKCS11)
+READ_ATTEMPTS = 5
+
+
+# --- reading and replacing the header atomically
+
+
+@dataclass(frozen=True)
+class HeaderVersion:
+    """The header's bytes and the etag of exactly that version."""
+
+    data: bytes
+    etag: str
+
+
+def read_header_version(store: ObjectStore) -> HeaderVersion:
+    """Read the header with its etag (stat, get, stat: retried if it changed in between)."""
+    for _ in range(READ_ATTEMPTS):
+        try:
+            before = store.stat(HEADER_NAME).etag
+        except ObjectNotFoundError:
+            read_header(store)  # NotAVolumeError, unless it appeared meanwhile
+            continue
+        data = read_header(store)
+        try:
+            after = store.stat(HEADER_NAME).etag
+        except ObjectNotFoundError:
+            continue
+        if before == after:
+            return HeaderVersion(data, after)
+    raise PreconditionFailedError("the volume header keeps changing: retry later")
+
+
+def write_header(store: ObjectStore, old: HeaderVersion, new: bytes) -> None:
+    """Replace the header if it is still old. PreconditionFailedError: retry."""
+    try:
+        store.put_if_match(HEADER_NAME, new, old.etag)
+    except PreconditionFailedError:
+        try:
+            current = store.get(HEADER_NAME)
+        except ObjectNotFoundError:
+            current = b""
+        if current != new:  # (equal: a retried request of ours had already landed)
+            raise PreconditionFailedError(
+                "the volume header changed meanwhile (another key change?):"
+                " nothing was written; retry"
+            ) from None
+    store.sync()
+
+
+Edit = Callable[[Unlocked], bytes]
+
+
+def change_header(
+    store: ObjectStore, unlocker: Callable[[bytes], Unlocked], edit: Edit
+) -> tuple[HeaderVersion, bytes]:
+    """Read, unlock, edit and atomically replace the header; return (old, new)."""
+    old = read_header_version(store)
+    new = edit(unlocker(old.data))
+    write_header(store, old, new)
+    return old, new
+
+
+# --- the commands
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    key = sub.add_parser("key", help="list, add, remove or change a volume's keyslots")
+    ksub = key.add_subparsers(dest="key_command", required=True, metavar="ACTION")
+
+    p = ksub.add_parser("list", help="show the keyslots and their public parameters")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument(
+        "--unverified",
+        action="store_true",
+        help="list without unlocking (the header's MAC is then not checked)",
+    )
+    p.set_defaults(run=run_list)
+
+    p = ksub.add_parser("add", help="add a keyslot", conflict_handler="resolve")
+    _common(p)
+    p.add_argument("kind", choices=ADD_KINDS)
+    _new_slot_options(p)
+    p.set_defaults(run=run_add)
+
+    p = ksub.add_parser("remove", help="remove a keyslot (never the last one)")
+    _common(p)
+    p.add_argument("slot", type=int, help="slot id (see 'sealfs key list')")
+    p.set_defaults(run=run_remove)
+
+    p = ksub.add_parser("passwd", help="set a new passphrase for a passphrase slot")
+    _common(p)
+    p.add_argument("slot", type=int, help="slot id (see 'sealfs key list')")
+    _passphrase_options(p)
+    p.set_defaults(run=run_passwd)
+
+    p = ksub.add_parser(
+        "rotate",
+        help="re-wrap an aws-kms or pkcs11 slot under a new (or the current) key; no data touched",
+        conflict_handler="resolve",
+    )
+    _common(p)
+    p.add_argument("slot", type=int, help="slot id (see 'sealfs key list')")
+    _new_slot_options(p)
+    p.set_defaults(run=run_rotate)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
+    add_unlock_options(p)  # --passphrase-file, --recovery-key-file, --kms, --pkcs11, ...
+
+
+def _passphrase_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--new-passphrase-file",
+        metavar="FILE",
+        help="read the new passphrase from this file (or SEALFS_NEW_PASSPHRASE_FILE=FILE,"
+        " or the sealfs-new-passphrase systemd credential; else asked twice)",
+    )
+    p.add_argument(
+        "--kdf-memory",
+        type=int,
+        metavar="MIB",
+        help=f"Argon2id memory in MiB (at least {MIN_MEMORY_KIB // 1024}; default: calibrated)",
+    )
+    p.add_argument(
+        "--kdf-iterations", type=int, metavar="N", help="Argon2id passes (default: calibrated)"
+    )
+
+
+def _new_slot_options(p: argparse.ArgumentParser) -> None:
+    _passphrase_options(p)
+    p.add_argument(
+        "--new-recovery-key-file",
+        metavar="FILE",
+        help="write the new recovery key to this new file instead of printing it",
+    )
+    p.add_argument(
+        "--kms-key-id",
+        metavar="ARN|ALIAS",
+        help="the KMS key of the new aws-kms slot (rotate: default the slot's current key)",
+    )
+    add_new_key_options(p)
+
+
+def _unlocker(args: argparse.Namespace, *, pin: bool) -> Callable[[bytes], Unlocked]:
+    return lambda data: unlock_header(args, data, use_kms_pin=pin)
+
+
+def _safe(text: object) -> str:
+    """Header strings are untrusted: never let them drive the terminal."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
+
+
+def describe_slot(slot: Keyslot) -> str:
+    """Public parameters only: never a secret or wrapped key."""
+    p = slot.params
+    try:
+        if slot.kind == KIND_PASSPHRASE:
+            return f"argon2id, {p['m'] // 1024} MiB, {p['t']} passes, {p['p']} lanes"
+        if slot.kind == KIND_RECOVERY:
+            return "recovery key"
+        if slot.kind == KIND_AWS_KMS:
+            kp = kms_params(slot)
+            named = "" if kp.key_id == kp.key_arn else f"{_safe(kp.key_id)} = "
+            return f"KMS key {named}{_safe(kp.key_arn)} ({_safe(kp.region)})"
+        if slot.kind == KIND_PKCS11:
+            tp = token_params(slot)
+            return f"token {_safe(tp.token)!r}, key {_safe(tp.key)!r}, module {_safe(tp.module)}"
+    except (KeyError, TypeError, ValueError, FormatError):
+        return "malformed parameters"
+    return "a kind this build cannot open"
+
+
+def _slot_json(slot: Keyslot, used: int | None) -> dict[str, Any]:
+    public: dict[str, Any] = {}
+    for k, v in slot.params.items():
+        public[k] = v.hex() if isinstance(v, bytes) else v
+    return {
+        "id": slot.slot_id,
+        "kind": slot.kind,
+        "params": public,
+        "supported": slot.kind in KNOWN_KINDS,
+        "unlocked_with": slot.slot_id == used,
+    }
+
+
+def run_list(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    data = read_header(store)
+    used: int | None = None
+    if args.unverified:
+        header: VolumeHeader = decode_header(data)
+    else:
+        unlocked = unlock_header(args, data)
+        header, used = unlocked.header, unlocked.slot_id
+    if args.json:
+        out = {
+            "volume_id": header.volume_id.hex(),
+            "verified": not args.unverified,
+            "slots": [_slot_json(s, used) for s in header.slots],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"volume {header.volume_id.hex()}" + ("  (UNVERIFIED)" if args.unverified else ""))
+    print(f"{'SLOT':>4}  {'KIND':<10}  DETAILS")
+    for slot in header.slots:
+        mark = "  (unlocked with this slot)" if slot.slot_id == used else ""
+        print(f"{slot.slot_id:>4}  {_safe(slot.kind):<10}  {describe_slot(slot)}{mark}")
+    return 0
+
+
+def _write_new_file(path: str, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(
+            f"{path} already exists: choose a new file for the recovery key"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
+    passphrase = get_new_passphrase(args.new_passphrase_file)
+    return passphrase_slot_maker(passphrase, init_cmd._kdf(args))
+
+
+def run_add(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    unlocker = _unlocker(args, pin=False)
+    if args.kind == KIND_RECOVERY:
+        recovery = generate_recovery_key()
+        text = format_recovery_key(recovery)
+        if args.new_recovery_key_file:
+            _write_new_file(args.new_recovery_key_file, text)  # before the header: never lose it
+        try:
+            _, new = change_header(
+                store, unlocker, lambda u: add_slot(u, recovery_slot_maker(recovery))[0]
+            )
+        except BaseException:
+            if args.new_recovery_key_file:
+                os.unlink(args.new_recovery_key_file)  # it opens nothing
+            raise
+        slot = decode_header(new).slots[-1]
+        print(f"Added keyslot {slot.slot_id} (recovery).")
+        if args.new_recovery_key_file:
+            print(f"Recovery key written to {args.new_recovery_key_file}: keep it apart.")
+        else:
+            print("\nRecovery key (shown once; store it apart from the volume):")
+            print(f"\n    {text}\n")
+        return 0
+    with kms_clients(args) as clients:
+        maker: SlotMaker | None = None
+
+        def edit(unlocked: Unlocked) -> bytes:
+            nonlocal maker
+            if maker is None:  # asked after the unlock: a wrong secret fails first
+                if args.kind == KIND_PASSPHRASE:
+                    maker = _kdf_maker(args)
+                elif args.kind == KIND_AWS_KMS:
+                    maker = kms_maker(clients, args.kms_key_id, args.kms_region)
+                else:
+                    maker = token_slot_maker(args)
+            return add_slot(unlocked, maker)[0]
+
+        _, new = change_header(store, unlocker, edit)
+    slot = decode_header(new).slots[-1]
+    print(f"Added keyslot {slot.slot_id} ({slot.kind}): {describe_slot(slot)}")
+    return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    removed: list[Keyslot] = []
+
+    def edit(unlocked: Unlocked) -> bytes:
+        removed.append(find_slot(unlocked.header, args.slot))
+        return remove_slot(unlocked, args.slot)
+
+    change_header(store, _unlocker(args, pin=True), edit)
+    print(f"Removed keyslot {args.slot} ({removed[0].kind}).")
+    return 0
+
+
+def run_passwd(args: argparse.Namespace) -> int:
+    store = store_from(args)
+
+    def edit(unlocked: Unlocked) -> bytes:
+        slot = find_slot(unlocked.header, args.slot)
+        if slot.kind != KIND_PASSPHRASE:
+            raise ConfigError(
+                f"keyslot {args.slot} is a {_safe(slot.kind)} slot: passwd changes passphrase"
+                " slots (use 'sealfs key rotate' for aws-kms and pkcs11 slots)"
+            )
+        return replace_slot(unlocked, args.slot, _kdf_maker(args))[0]
+
+    _, new = change_header(store, _unlocker(args, pin=True), edit)
+    slot = find_slot(decode_header(new), args.slot)
+    print(f"New passphrase set for keyslot {args.slot}: {describe_slot(slot)}")
+    return 0
+
+
+def run_rotate(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    with kms_clients(args) as clients:
+
+        def edit(unlocked: Unlocked) -> bytes:
+            slot = find_slot(unlocked.header, args.slot)
+            if slot.kind == KIND_AWS_KMS:
+                old = kms_params(slot)
+                key_id = args.kms_key_id or old.key_id
+                region = args.kms_region or (None if args.kms_key_id else old.region)
+                maker = kms_maker(clients, key_id, region)
+            elif slot.kind == KIND_PKCS11:
+                maker = token_slot_maker(args, default=token_params(slot))
+            else:
+                raise ConfigError(
+                    f"keyslot {args.slot} is a {_safe(slot.kind)} slot: rotate re-wraps aws-kms"
+                    " and pkcs11 slots (use 'sealfs key passwd' for a passphrase, or add a new"
+                    " recovery slot and remove the old one)"
+                )
+            return replace_slot(unlocked, args.slot, maker)[0]
+
+        _, new = change_header(store, _unlocker(args, pin=False), edit)
+    slot = find_slot(decode_header(new), args.slot)
+    print(f"Rotated keyslot {args.slot}: {describe_slot(slot)}")
+    return 0

@@ -1,0 +1,422 @@
+"""`sealfs key ...`: slot changes through the CLI, refusals that leave the volume unchanged,
+concurrent changes, and changes while the volume is mounted (engine and FUSE)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import subprocess
+import threading
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealfs.cli.key_cmd import change_header, read_header_version, write_header
+from sealfs.cli.main import main
+from sealfs.errors import PreconditionFailedError
+from sealfs.keys.edit import add_slot, remove_slot, replace_slot
+from sealfs.keys.header import HEADER_NAME, decode_header, encode_header
+from sealfs.keys.slots import (
+    Passphrase,
+    RecoveryKey,
+    passphrase_slot_maker,
+    recovery_slot_maker,
+    unlock,
+)
+from sealfs.store.local import LocalStore
+from sealfs.store.memory import MemoryStore
+from sealfs.volume.loader import create_volume, open_volume
+from tests.cli.test_bad_input import fingerprint, one_line
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
+from tests.keys.softhsm import SoftHsm, softhsm  # noqa: F401 (a fixture, used by name)
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+
+USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
+
+
+def cli(*args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in this process (a subprocess costs seconds of imports on a busy machine).
+
+    The environment changes apply to this call only; so do the CLI's logging handlers.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (env or {}).items():
+            if value is None:
+                mp.delenv(name, raising=False)
+            else:
+                mp.setenv(name, value)
+        try:
+            with redirect_stdout(out), redirect_stderr(err):
+                code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else USAGE
+        finally:
+            root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    return subprocess.CompletedProcess(["sealfs", *args], code, out.getvalue(), err.getvalue())
+
+
+def key(
+    vol: VolumeEnv, *args: str, env: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return cli("key", args[0], str(vol.store), *args[1:], env=env)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def slots(env: VolumeEnv, *unlock: str) -> list[dict[str, Any]]:
+    out = ok(key(env, "list", "--json", *(unlock or ("--passphrase-file", str(env.passfile)))))
+    return list(json.loads(out)["slots"])
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> VolumeEnv:
+    for name in ("SEALFS_PASSPHRASE_FILE", "SEALFS_NEW_PASSPHRASE_FILE", "SEALFS_UNLOCK",
+                 "CREDENTIALS_DIRECTORY"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    made = VolumeEnv(tmp_path)
+    ok(cli("init", str(made.store), "--passphrase-file", str(made.passfile),
+           "--recovery-key-file", str(made.recovery_file), *CHEAP_KDF))  # fmt: skip
+    return made
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text + "\n")
+    return path
+
+
+def test_list_shows_public_params_only(env: VolumeEnv) -> None:
+    out = ok(key(env, "list", "--passphrase-file", str(env.passfile)))
+    lines = out.splitlines()
+    assert lines[1].split() == ["SLOT", "KIND", "DETAILS"]
+    assert "0  passphrase  argon2id, 64 MiB, 1 passes" in out
+    assert "(unlocked with this slot)" in lines[2]
+    assert "1  recovery    recovery key" in out
+    header = decode_header((env.store / HEADER_NAME).read_bytes())
+    for slot in header.slots:
+        assert slot.wrapped_key.hex() not in out
+    as_json = slots(env, "--recovery-key-file", str(env.recovery_file))
+    assert [(s["id"], s["kind"], s["unlocked_with"]) for s in as_json] == [
+        (0, "passphrase", False),
+        (1, "recovery", True),
+    ]
+    assert "wrapped_key" not in json.dumps(as_json)
+
+
+def test_add_passphrase_then_passwd_then_remove(env: VolumeEnv, tmp_path: Path) -> None:
+    second = write(tmp_path / "second", "second passphrase")
+    third = write(tmp_path / "third", "third passphrase")
+    out = ok(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile),
+                 "--new-passphrase-file", str(second), *CHEAP_KDF))  # fmt: skip
+    assert out.startswith("Added keyslot 2 (passphrase)")
+    assert [s["unlocked_with"] for s in slots(env, "--passphrase-file", str(second))][2]
+
+    # passwd with the given KDF cost: new salt, new passphrase; the old one stops working.
+    before = next(s for s in slots(env) if s["id"] == 2)
+    ok(key(env, "passwd", "2", "--passphrase-file", str(second), "--new-passphrase-file",
+           str(third), "--kdf-memory", "64", "--kdf-iterations", "2"))  # fmt: skip
+    after = next(s for s in slots(env) if s["id"] == 2)
+    assert after["params"]["t"] == 2 and after["params"]["salt"] != before["params"]["salt"]
+    assert slots(env, "--passphrase-file", str(third))[2]["unlocked_with"]
+    refused = key(env, "list", "--passphrase-file", str(second))
+    assert "wrong passphrase" in one_line(refused, WRONG_KEY)
+
+    ok(key(env, "remove", "2", "--passphrase-file", str(third)))  # the slot we unlocked with
+    assert [s["id"] for s in slots(env)] == [0, 1]
+    one_line(key(env, "list", "--passphrase-file", str(third)), WRONG_KEY)
+
+
+def test_new_passphrase_from_environment_and_credentials(env: VolumeEnv, tmp_path: Path) -> None:
+    from_env = write(tmp_path / "from-env", "from the environment")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    write(creds / "sealfs-new-passphrase", "from a credential")
+    base = {"SEALFS_NEW_PASSPHRASE_FILE": str(from_env)}
+    ok(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile), *CHEAP_KDF,
+           env=base))  # fmt: skip
+    ok(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile), *CHEAP_KDF,
+           env={"CREDENTIALS_DIRECTORY": str(creds)}))  # fmt: skip
+    # The unlock passphrase itself may also come from a credential.
+    write(creds / "sealfs-passphrase", "from the environment")
+    listed = ok(key(env, "list", env={"CREDENTIALS_DIRECTORY": str(creds)}))
+    assert "2  passphrase" in listed and "(unlocked with this slot)" in listed
+    got = slots(env, "--passphrase-file", str(creds / "sealfs-new-passphrase"))
+    assert [s["id"] for s in got if s["unlocked_with"]] == [3]
+
+
+def test_no_new_passphrase_source_without_terminal(env: VolumeEnv) -> None:
+    before = fingerprint(env.store)
+    err = one_line(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile)), USAGE)
+    assert "no new passphrase" in err
+    assert fingerprint(env.store) == before
+
+
+def test_add_recovery_key(env: VolumeEnv, tmp_path: Path) -> None:
+    out_file = tmp_path / "second-recovery"
+    ok(key(env, "add", "recovery", "--passphrase-file", str(env.passfile),
+           "--new-recovery-key-file", str(out_file)))  # fmt: skip
+    assert out_file.stat().st_mode & 0o777 == 0o600
+    got = slots(env, "--recovery-key-file", str(out_file))
+    assert [(s["id"], s["unlocked_with"]) for s in got] == [(0, False), (1, False), (2, True)]
+    # Printed when no file is given; shown once, never stored.
+    printed = ok(key(env, "add", "recovery", "--passphrase-file", str(env.passfile)))
+    text = next(w for w in printed.split() if w.startswith("sfrk-"))
+    assert len(slots(env, "--recovery-key-file", str(write(tmp_path / "rk3", text)))) == 4
+
+
+def test_ids_never_reused_through_the_cli(env: VolumeEnv, tmp_path: Path) -> None:
+    ok(key(env, "add", "recovery", "--passphrase-file", str(env.passfile),
+           "--new-recovery-key-file", str(tmp_path / "rk2")))  # fmt: skip
+    ok(key(env, "remove", "2", "--passphrase-file", str(env.passfile)))
+    ok(key(env, "add", "recovery", "--passphrase-file", str(env.passfile),
+           "--new-recovery-key-file", str(tmp_path / "rk3")))  # fmt: skip
+    assert [s["id"] for s in slots(env)] == [0, 1, 3]
+    err = one_line(key(env, "remove", "2", "--passphrase-file", str(env.passfile)), USAGE)
+    assert "no keyslot 2 (its slots are 0, 1, 3)" in err
+
+
+def test_last_slot_removal_refused_volume_unchanged(env: VolumeEnv) -> None:
+    ok(key(env, "remove", "0", "--recovery-key-file", str(env.recovery_file)))
+    before = fingerprint(env.store)
+    header_before = (env.store / HEADER_NAME).read_bytes()
+    err = one_line(key(env, "remove", "1", "--recovery-key-file", str(env.recovery_file)), USAGE)
+    assert "last keyslot" in err
+    assert (env.store / HEADER_NAME).read_bytes() == header_before
+    assert fingerprint(env.store) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (("rotate", "0"), USAGE, "rotate re-wraps aws-kms and pkcs11 slots"),
+        (("passwd", "1"), USAGE, "passwd changes passphrase slots"),
+        (("remove", "7"), USAGE, "no keyslot 7"),
+        (("add", "aws-kms"), USAGE, "needs --kms-key-id"),
+        (("add", "pkcs11"), USAGE, "needs --pkcs11-module"),
+    ],
+)
+def test_bad_requests_leave_the_volume_unchanged(
+    env: VolumeEnv, args: tuple[str, ...], code: int, needle: str
+) -> None:
+    before = fingerprint(env.store)
+    err = one_line(key(env, *args, "--passphrase-file", str(env.passfile)), code)
+    assert needle in err
+    assert fingerprint(env.store) == before
+
+
+def test_wrong_secret_changes_nothing(env: VolumeEnv, tmp_path: Path) -> None:
+    before = fingerprint(env.store)
+    wrong = write(tmp_path / "wrong", "not it")
+    err = one_line(key(env, "remove", "1", "--passphrase-file", str(wrong)), WRONG_KEY)
+    assert "wrong passphrase" in err
+    assert fingerprint(env.store) == before
+
+
+def _tamper(env: VolumeEnv, edit: Any) -> None:
+    """Rewrite the header with an edit, keeping its (now wrong) MAC."""
+    path = env.store / HEADER_NAME
+    data = path.read_bytes()
+    edited = edit(decode_header(data))
+    path.write_bytes(encode_header(edited, bytes(32))[:-32] + data[-32:])
+
+
+@pytest.mark.parametrize("tamper", ["lowered-cost", "swapped-slots"])
+def test_tampered_header_is_refused(env: VolumeEnv, tmp_path: Path, tamper: str) -> None:
+    second = write(tmp_path / "second", "second passphrase")
+    ok(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile),
+           "--new-passphrase-file", str(second), *CHEAP_KDF))  # fmt: skip
+
+    def edit(h: Any) -> Any:
+        if tamper == "lowered-cost":
+            weak = dataclasses.replace(h.slots[2], params={**h.slots[2].params, "m": 1024})
+            return dataclasses.replace(h, slots=(*h.slots[:2], weak))
+        return dataclasses.replace(h, slots=(h.slots[2], h.slots[0], h.slots[1]))
+
+    _tamper(env, edit)
+    before = fingerprint(env.store)
+    if tamper == "lowered-cost":
+        err = one_line(key(env, "list", "--passphrase-file", str(second)), DAMAGED)
+        assert "below the minimum" in err
+    else:
+        err = one_line(key(env, "list", "--passphrase-file", str(env.passfile)), DAMAGED)
+        assert "MAC mismatch" in err
+    err = one_line(key(env, "remove", "1", "--recovery-key-file", str(env.recovery_file)), DAMAGED)
+    assert fingerprint(env.store) == before
+
+
+# --- atomic replacement and concurrency (on the stores themselves) -----------------------
+
+
+def _s3_store() -> Any:
+    """The stack `sealfs key` uses on s3:// (retries over S3), on the run's moto server."""
+    server = pytest.importorskip("tests.s3.server", reason="S3 support is not there")
+    from sealfs.store.url import open_store  # noqa: PLC0415
+
+    url = f"s3://{server.new_bucket()}/vol"
+    return open_store(url, s3_endpoint=server.moto_endpoint(), default_cache=False)
+
+
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
+def vstore(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A volume on a store whose put_if_match decides header races (S3: If-Match)."""
+    if request.param == "s3":
+        store = _s3_store()
+    elif request.param == "memory":
+        store = MemoryStore()
+    else:
+        store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, cheap_kdf(), RECOVERY_KEY)
+    return store
+
+
+def _unlocker(data: bytes) -> Any:
+    return unlock(data, RecoveryKey(RECOVERY_KEY))
+
+
+def test_two_concurrent_changes_one_wins(vstore: Any) -> None:
+    first = read_header_version(vstore)
+    second = read_header_version(vstore)
+    a = add_slot(_unlocker(first.data), recovery_slot_maker(bytes(32)))[0]
+    b = remove_slot(_unlocker(second.data), 0)
+    write_header(vstore, first, a)
+    with pytest.raises(PreconditionFailedError, match=r"changed meanwhile.*retry"):
+        write_header(vstore, second, b)
+    now = vstore.get(HEADER_NAME)
+    assert now == a  # the winner's header, valid and whole
+    assert unlock(now, Passphrase(PASSPHRASE)).slot_id == 0
+    assert unlock(now, RecoveryKey(bytes(32))).slot_id == 2
+
+
+def test_racing_threads_never_lose_the_header(vstore: Any) -> None:
+    results: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def change(i: int) -> None:
+        def edit(u: Any) -> bytes:
+            barrier.wait(timeout=30)
+            return add_slot(u, recovery_slot_maker(bytes([i]) * 32))[0]
+
+        try:
+            change_header(vstore, _unlocker, edit)
+            results.append("won")
+        except PreconditionFailedError as exc:
+            assert "retry" in str(exc)
+            results.append("retry")
+
+    threads = [threading.Thread(target=change, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results.count("won") >= 1 and len(results) == 6
+    final = vstore.get(HEADER_NAME)
+    header = decode_header(final)
+    assert len(header.slots) == 2 + results.count("won")
+    assert unlock(final, Passphrase(PASSPHRASE)).master_key  # MAC valid, still opens
+
+
+def test_retried_write_that_had_landed_is_not_an_error(vstore: Any) -> None:
+    old = read_header_version(vstore)
+    new = add_slot(_unlocker(old.data), recovery_slot_maker(bytes(32)))[0]
+    write_header(vstore, old, new)
+    write_header(vstore, old, new)  # as a store retry after a lost reply would
+    assert vstore.get(HEADER_NAME) == new
+
+
+async def test_slot_change_while_mounted_on_the_engine() -> None:
+    store = MemoryStore()
+    create_volume(store, PASSPHRASE, cheap_kdf(), RECOVERY_KEY)
+    async with mounted(store) as volume:
+        fh, _ = await volume.create(1, b"before", 0o644, 0, 0, 0)
+        await volume.write(fh, 0, b"one")
+        await volume.release(fh)
+        await volume.fsync()
+        change_header(
+            store,
+            _unlocker,
+            lambda u: replace_slot(u, 0, passphrase_slot_maker(b"new secret", cheap_kdf()))[0],
+        )
+        fh, _ = await volume.create(1, b"after", 0o644, 0, 0, 0)
+        await volume.write(fh, 0, b"two")
+        await volume.release(fh)
+        await volume.fsync()  # commits go on: the header is not part of them
+    loaded = open_volume(store, Passphrase(b"new secret"))
+    names = {name for name in loaded.live.inodes[1].entries}
+    assert {b"before", b"after"} <= names
+    with pytest.raises(Exception, match="wrong passphrase"):
+        open_volume(store, Passphrase(PASSPHRASE))
+
+
+@pytest.mark.fuse
+def test_passwd_while_mounted_with_fuse(volume_env: VolumeEnv, tmp_path: Path) -> None:
+    env = volume_env
+    env.mount()
+    (env.mnt / "a.txt").write_text("first")
+    new = write(tmp_path / "new-pass", "a new passphrase")
+    ok(key(env, "passwd", "0", "--passphrase-file", str(env.passfile),
+           "--new-passphrase-file", str(new), *CHEAP_KDF))  # fmt: skip
+    (env.mnt / "b.txt").write_text("second")
+    ok(cli("sync", str(env.mnt)))
+    env.umount()
+    refused = env.mount(check=False)
+    assert "wrong passphrase" in one_line(refused, WRONG_KEY)
+    env.passfile.write_text("a new passphrase\n")
+    env.mount()
+    assert (env.mnt / "a.txt").read_text() == "first"
+    assert (env.mnt / "b.txt").read_text() == "second"
+    env.umount()
+
+
+# --- pkcs11 through the CLI (SoftHSM2) ---------------------------------------------------
+
+
+@pytest.mark.fuse
+def test_pkcs11_init_headless_mount_rotate(
+    softhsm: SoftHsm,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second = softhsm.new_key(), softhsm.new_key()
+    env = VolumeEnv(tmp_path)
+    monkeypatch.setenv("SEALFS_PKCS11_PIN_FILE", str(softhsm.pin_file))
+    out = ok(cli("init", str(env.store), "--recovery-key-file", str(env.recovery_file),
+                 "--pkcs11-module", softhsm.module, "--pkcs11-token", softhsm.token,
+                 "--pkcs11-key", first.key))  # fmt: skip
+    assert "Keyslot 0: recovery" in out and "Keyslot 1: pkcs11" in out
+    assert "passphrase" not in out  # no passphrase source: no passphrase slot
+    # Headless: no passphrase source, a pkcs11 slot and a PIN source.
+    listed = ok(cli("key", "list", str(env.store)))
+    assert f"token 'sealfs-a', key '{first.key}'" in listed
+    assert "(unlocked with this slot)" in listed.splitlines()[3]
+    ok(cli("key", "rotate", str(env.store), "1", "--pkcs11-key", second.key))
+    listed = ok(cli("key", "list", str(env.store), "--pkcs11"))
+    assert second.key in listed and first.key not in listed
+    # A wrong PIN: one line, exit 3; a missing token key: exit 1.
+    bad_pin = write(tmp_path / "bad-pin", "0000")
+    err = one_line(
+        cli("key", "list", str(env.store), "--pkcs11", "--pkcs11-pin-file", str(bad_pin)),
+        WRONG_KEY,
+    )
+    assert "wrong PIN" in err
+    err = one_line(cli("key", "rotate", str(env.store), "1", "--pkcs11-key", "gone"), 1)
+    assert "no AES key labelled 'gone'" in err
+    result = sealfs("mount", str(env.store), str(env.mnt), "--log-file", str(env.log))
+    try:
+        assert result.returncode == 0, result.stderr + env.log_text()
+        (env.mnt / "x").write_text("token-unlocked")
+        env.umount()
+        result = sealfs("mount", str(env.store), str(env.mnt), "--log-file", str(env.log))
+        assert result.returncode == 0, result.stderr + env.log_text()
+        assert (env.mnt / "x").read_text() == "token-unlocked"
+        env.umount()
+    finally:
+        env.cleanup()
