@@ -34,6 +34,15 @@ class WeakKdfError(SealfsError):
     """KDF parameters below the minimum sealfs accepts (possibly lowered by an attacker)."""
 
 
+class KeyUnavailableError(SealfsError):
+    """A key service or token needed to open a keyslot could not be used (cause in the message).
+
+    KMS key disabled, pending deletion or not found, KMS unreachable, no AWS
+    credentials, PKCS#11 module or token missing. A denial or a wrong secret
+    (KMS AccessDenied, a wrong PIN) is a WrongKeyError instead.
+    """
+
+
 class NotAVolumeError(SealfsError):
     """The store holds no sealfs volume header."""
 
@@ -48,6 +57,10 @@ class ConfigError(SealfsError):
 
 class WriterConflictError(SealfsError):
     """Another writer holds the volume (named in the message)."""
+
+
+class MountpointBusyError(SealfsError):
+    """Something is already mounted on the mountpoint."""
 
 
 class FencedError(SealfsError):

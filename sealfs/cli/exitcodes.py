@@ -6,6 +6,7 @@ from sealfs.errors import (
     ConfigError,
     FormatError,
     IntegrityError,
+    MountpointBusyError,
     NotAVolumeError,
     SealfsError,
     VolumeExistsError,
@@ -28,6 +29,7 @@ _CODES: list[tuple[type[SealfsError], int]] = [
     (FormatError, DAMAGED),
     (NotAVolumeError, DAMAGED),
     (WriterConflictError, BUSY),
+    (MountpointBusyError, BUSY),
     (VolumeExistsError, USAGE),
     (ConfigError, USAGE),
 ]

@@ -6,17 +6,20 @@ import argparse
 import os
 import sys
 
+from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
 from sealfs.cli.secrets import get_passphrase
+from sealfs.cli.unlock import add_s3_options
 from sealfs.errors import ConfigError
 from sealfs.keys.kdf import MIN_MEMORY_KIB, Argon2Params, calibrate
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
-from sealfs.store.url import open_store
+from sealfs.store.url import is_s3_url, open_store
 from sealfs.volume.loader import create_volume
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("init", help="create a new encrypted volume in a store")
-    p.add_argument("store", help="local directory or file:// URL")
+    p.add_argument("store", help="local directory, file:// URL or s3://bucket/prefix")
+    add_s3_options(p)
     p.add_argument("--passphrase-file", help="read the passphrase from this file")
     p.add_argument(
         "--recovery-key-file", help="write the recovery key to this new file instead of printing it"
@@ -33,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="Argon2id passes (default: calibrated to about 0.5 s)",
     )
+    add_init_key_options(p)  # --kms-key-id, --pkcs11-* (sealfs/cli/keysource.py)
     p.set_defaults(run=run)
 
 
@@ -65,16 +69,31 @@ def _write_new_file(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
-    passphrase = get_passphrase(args.passphrase_file, confirm=True)
-    kdf = _kdf(args)
-    recovery = generate_recovery_key()
-    text = format_recovery_key(recovery)
-    if args.recovery_key_file:
-        _write_new_file(args.recovery_key_file, text)  # before the volume: never lose it
-    header = create_volume(store, passphrase, kdf, recovery)
+    store = open_store(args.store, s3_endpoint=args.s3_endpoint, default_cache=False)
+    if is_s3_url(args.store):
+        from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow
+
+        probe_conditional_writes(store)  # before any question: refuse an unsafe service at once
+    with init_slot_makers(args) as extra_slots:
+        # With a KMS key or a token and no passphrase source: no passphrase slot.
+        with_passphrase = not extra_slots or passphrase_configured(args)
+        passphrase = get_passphrase(args.passphrase_file, confirm=True) if with_passphrase else None
+        kdf = _kdf(args) if with_passphrase else None
+        recovery = generate_recovery_key()
+        text = format_recovery_key(recovery)
+        if args.recovery_key_file:
+            _write_new_file(args.recovery_key_file, text)  # before the volume: never lose it
+        try:
+            header = create_volume(store, passphrase, kdf, recovery, extra_slots=extra_slots)
+        except BaseException:
+            if args.recovery_key_file:
+                os.unlink(args.recovery_key_file)  # no volume: the key opens nothing
+            raise
     print(f"Created sealfs volume {header.volume_id.hex()} in {store.describe()}")
-    print(f"Argon2id: {kdf.memory_kib // 1024} MiB, {kdf.iterations} passes, {kdf.lanes} lanes")
+    if kdf is not None:
+        print(f"Argon2id: {kdf.memory_kib // 1024} MiB, {kdf.iterations} passes, {kdf.lanes} lanes")
+    for slot in header.slots:
+        print(f"Keyslot {slot.slot_id}: {slot.kind}")
     if args.recovery_key_file:
         print(f"Recovery key written to {args.recovery_key_file}: keep it apart from the store.")
     else:

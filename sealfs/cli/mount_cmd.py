@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_stor
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import abandon, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
+from sealfs.store.url import DEFAULT_STORE_TIMEOUT
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import Loaded, check_writer, claim_writer, pid_alive
 from sealfs.volume.options import VolumeOptions
@@ -39,6 +41,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="commit buffered writes at least this often (default 1)",
     )
     p.add_argument("--sync-on-close", action="store_true", help="close(2) waits for a commit")
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        default=DEFAULT_STORE_TIMEOUT,
+        metavar="SECONDS",
+        help="how long fsync waits for an unreachable store before failing with EIO"
+        f" (default {DEFAULT_STORE_TIMEOUT:.0f}); commits resume when it is back",
+    )
     p.add_argument("--read-only", action="store_true", help="mount without writing")
     p.add_argument("--allow-other", action="store_true", help="let other users access the mount")
     p.add_argument(
@@ -65,6 +75,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _options(args: argparse.Namespace) -> VolumeOptions:
     if args.commit_interval <= 0:
         raise ConfigError("--commit-interval must be positive")
+    if args.store_timeout <= 0:
+        raise ConfigError("--store-timeout must be positive")
     return VolumeOptions(
         commit_interval=args.commit_interval,
         sync_on_close=args.sync_on_close,
@@ -140,7 +152,7 @@ def run_sync(args: argparse.Namespace) -> int:
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); see the daemon log")
+        print(f"sealfs: commit failed ({exc.strerror}); see the daemon log", file=sys.stderr)
         return FAILURE
     return 0
 
@@ -150,18 +162,27 @@ def run_umount(args: argparse.Namespace) -> int:
     if not os.path.ismount(mnt):
         raise ConfigError(f"{mnt} is not mounted")
     try:
-        pid = int(str(read_status(mnt)["pid"]))
+        status = read_status(mnt)
+        pid = int(str(status["pid"]))
     except OSError as exc:
         if exc.errno != errno.ENOTCONN:
             raise ConfigError(f"{mnt} is not a sealfs mount: {exc.strerror}") from None
         _fusermount(mnt, lazy=True)
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
-              " Data written after its last commit is lost.")  # fmt: skip
+              " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
+        return FAILURE
+    if status.get("fenced"):  # no commit can ever succeed: unmount without one
+        if (code := _fusermount(mnt, lazy=False)) != 0:
+            return code
+        _wait_for_exit(pid, args.timeout)
+        print(f"sealfs: {mnt} was taken over by another writer (fenced); unmounted it."
+              " Data written there after the takeover is lost.", file=sys.stderr)  # fmt: skip
         return FAILURE
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see the daemon log")
+        print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see the daemon log",
+              file=sys.stderr)  # fmt: skip
         return FAILURE
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code
@@ -175,9 +196,9 @@ def _fusermount(mnt: str, *, lazy: bool) -> int:
         return 0
     if "busy" in result.stderr:
         print(f"sealfs: {mnt} is busy (a process has files open there or works in it): "
-              "close them and retry")  # fmt: skip
+              "close them and retry", file=sys.stderr)  # fmt: skip
         return BUSY
-    print(f"sealfs: fusermount3 failed: {result.stderr.strip()}")
+    print(f"sealfs: fusermount3 failed: {result.stderr.strip()}", file=sys.stderr)
     return USAGE
 
 
@@ -187,5 +208,6 @@ def _wait_for_exit(pid: int, timeout: float) -> int:
         if not pid_alive(pid):
             return 0
         time.sleep(0.05)
-    print(f"sealfs: unmounted, but daemon pid {pid} is still committing after {timeout:.0f} s")
+    print(f"sealfs: unmounted, but daemon pid {pid} is still committing after {timeout:.0f} s",
+          file=sys.stderr)  # fmt: skip
     return FAILURE

@@ -75,6 +75,9 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if s.get("disk_cache_bytes") is not None:
         rows.append(("disk cache", format_size(s["disk_cache_bytes"])))
+    if s.get("store_requests"):
+        counts = sorted(s["store_requests"].items())
+        rows.append(("store requests", ", ".join(f"{method} {n}" for method, n in counts)))
     if s.get("pid"):
         mode = "read-only" if s["read_only"] else "read-write"
         rows.append(("daemon", f"pid {s['pid']}, {mode}" + (", FENCED" if s["fenced"] else "")))

@@ -5,23 +5,38 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sealfs.cli.keysource import add_headless_options, unlock_header
 from sealfs.cli.secrets import get_passphrase, read_secret_file
 from sealfs.cli.units import parse_size
+from sealfs.errors import FormatError, WrongKeyError
 from sealfs.keys.recovery import parse_recovery_key
 from sealfs.keys.slots import Passphrase, RecoveryKey, Secret
 from sealfs.store.base import ObjectStore
-from sealfs.store.url import open_store
-from sealfs.volume.loader import Loaded, open_volume, read_header
+from sealfs.store.url import DEFAULT_STORE_TIMEOUT, open_store
+from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 
 def add_unlock_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passphrase-file", help="read the passphrase from this file")
     p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
+    add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
+    add_s3_options(p)
+
+
+def add_s3_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="S3 service URL for s3:// stores (default: AWS_ENDPOINT_URL, else AWS S3);"
+        " credentials come only from the environment, a profile or an instance role",
+    )
 
 
 def add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--cache-dir", help="keep a cache of sealed chunks here (off by default for local stores)"
+        "--cache-dir",
+        help="keep a cache of sealed chunks here (default: off for local stores,"
+        " ~/.cache/sealfs/<hash of the URL> for S3 stores)",
     )
     p.add_argument(
         "--cache-size", default="1G", help="upper bound of the cache directory (default 1G)"
@@ -31,7 +46,10 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
 def secret_from(args: argparse.Namespace) -> Secret:
     if args.recovery_key_file:
         text = read_secret_file(args.recovery_key_file, "recovery key").decode(errors="replace")
-        return RecoveryKey(parse_recovery_key(text))
+        try:
+            return RecoveryKey(parse_recovery_key(text))
+        except FormatError as exc:  # a mistyped key is a wrong key (exit 3), not a damaged volume
+            raise WrongKeyError(f"{exc} (in {args.recovery_key_file})") from None
     return Passphrase(get_passphrase(args.passphrase_file, confirm=False))
 
 
@@ -39,12 +57,16 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
     cache_dir = getattr(args, "cache_dir", None)
     size = parse_size(getattr(args, "cache_size", "1G"))
     return open_store(
-        args.store, cache_dir=Path(cache_dir) if cache_dir else None, cache_bytes=size
+        args.store,
+        cache_dir=Path(cache_dir) if cache_dir else None,
+        cache_bytes=size,
+        s3_endpoint=getattr(args, "s3_endpoint", None),
+        store_timeout=getattr(args, "store_timeout", DEFAULT_STORE_TIMEOUT),
     )
 
 
 def unlock_store(args: argparse.Namespace) -> Loaded:
     """Open, unlock and load the volume the arguments name (errors are typed)."""
     store = store_from(args)
-    read_header(store)  # "not a volume" before asking for a passphrase
-    return open_volume(store, secret_from(args))
+    header = read_header(store)  # "not a volume" before asking for a passphrase
+    return load_unlocked(store, unlock_header(args, header))

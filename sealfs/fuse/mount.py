@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, MountpointBusyError
 from sealfs.fuse.operations import Operations
 from sealfs.volume.engine import Volume
 
@@ -29,7 +29,7 @@ READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 
 
 
 def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
-    """Create the kernel mount. Raises ConfigError naming the problem."""
+    """Create the kernel mount. Raises ConfigError or MountpointBusyError naming the problem."""
     _check_mountpoint(mountpoint)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
@@ -82,7 +82,7 @@ def _check_mountpoint(mountpoint: str) -> None:
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
-        raise ConfigError(f"mountpoint {mountpoint} is busy (something is mounted there)")
+        raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
 
 
 def _tune_read_ahead(mountpoint: str) -> None:

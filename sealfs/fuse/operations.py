@@ -12,6 +12,7 @@ import errno
 import functools
 import json
 import logging
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,6 +34,10 @@ from sealfs.volume.status import volume_status
 log = logging.getLogger("sealfs.fuse")
 
 STATUS_XATTR = b"user.sealfs.status"
+READDIR_BATCH = 256  # directory entries asked of the engine at a time
+# The kernel turns O_APPEND into write offsets itself, and it alone sees fcntl(F_SETFL)
+# change the flag later: the engine must take its offsets as they come.
+KERNEL_FLAGS = os.O_APPEND
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -192,13 +197,15 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        return self._file_info(await self.volume.open(inode, flags))
+        return self._file_info(await self.volume.open(inode, flags & ~KERNEL_FLAGS))
 
     @_boundary
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        fh, attr = await self.volume.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        fh, attr = await self.volume.create(
+            parent_inode, name, mode, flags & ~KERNEL_FLAGS, ctx.uid, ctx.gid
+        )
         return self._file_info(fh), self._entry(attr)
 
     @_boundary
@@ -238,11 +245,17 @@ class Operations(pyfuse3.Operations):
                 attr = self._entry(await self.volume.getattr(dot_ino))
                 if not pyfuse3.readdir_reply(token, name, attr, offset):
                     return
-        for entry in await self.volume.readdir(fh, max(0, start_id - 2)):
-            attr = self._entry(entry.attr)
-            if not pyfuse3.readdir_reply(token, entry.name, attr, entry.next_index + 2):
+        start = max(0, start_id - 2)
+        while True:  # a batch at a time: the reply buffer holds only so many
+            batch = await self.volume.readdir(fh, start, READDIR_BATCH)
+            for entry in batch:
+                attr = self._entry(entry.attr)
+                if not pyfuse3.readdir_reply(token, entry.name, attr, entry.next_index + 2):
+                    return
+                self.volume.note_lookup(entry.attr.ino)
+            if len(batch) < READDIR_BATCH:
                 return
-            self.volume.note_lookup(entry.attr.ino)
+            start = batch[-1].next_index
 
     @_boundary
     async def releasedir(self, fh: int) -> None:

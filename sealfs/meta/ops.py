@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from sealfs.errors import FormatError
@@ -167,6 +168,8 @@ def _apply_data(state: MetaState, op: Op, live: bool) -> None:
     extents = [extent_from_wire(row) for row in op[4]]
     if any(e.start < start or e.end > end for e in extents):
         raise FormatError(f"data record for inode {inode.ino} strays outside its range")
+    if any(a.end > b.start for a, b in pairwise(extents)):
+        raise FormatError(f"data record for inode {inode.ino} has overlapping extents")
     inode.extents.replace(start, end, extents)
     if not live:
         inode.size = op[5]
@@ -228,7 +231,7 @@ def check_inode_fields(fields: list[Any]) -> None:
 
 def check(op: object) -> None:
     """FormatError unless op is a known record with fields of the right types."""
-    if type(op) is not list or not op or op[0] not in _SHAPES:
+    if type(op) is not list or not op or type(op[0]) is not int or op[0] not in _SHAPES:
         raise FormatError("unknown operation record in metadata")
     shape = _SHAPES[op[0]]
     if len(op) != len(shape) + 1:

@@ -62,6 +62,7 @@ class Committer:
         self._done = trio.Event()
         self._failure: BaseException | None = None
         self.fenced: FencedError | None = None
+        self._unsure: tuple[Segment, bytes] | None = None  # a segment create that may have landed
         self.last_commit_ns = loaded.live.committed_ns
         self.segments_written = 0
 
@@ -180,13 +181,20 @@ class Committer:
             ino = max(dirty, key=lambda i: self._files.files[i].dirty.nbytes)
             job = self._detach(ino, self.pending)
             if job is None:
+                await self._files.wait_idle(ino)  # a commit is flushing it: wait, don't spin
                 return
+            produced: list[ops.Op] = []
             try:
-                tail = await self._files.flush(job, self.pending, keep_tail=True)
+                tail = await self._files.flush(job, produced, keep_tail=True)
             except BaseException:
                 self._files.finish(job, None, failed=True)
                 raise
             self._files.finish(job, tail, failed=False)
+            if ino not in self._live.inodes:
+                # Deleted meanwhile, and its deletion is queued already (no cut can pass the
+                # gate): a data record after it would name a missing inode at replay.
+                produced = [op for op in produced if op[0] != ops.DATA]
+            self.pending.extend(produced)
 
     async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
         failure: list[BaseException] = []
@@ -209,34 +217,52 @@ class Committer:
             raise failure[0]
 
     async def _write_segment(self, batch: list[ops.Op]) -> None:
-        gen = self.generation + 1
-        segment = Segment(gen, self._head_hash, time.time_ns(), batch)
+        if self._unsure is not None:
+            # The last segment create failed, but it may have taken effect (a lost reply):
+            # publish those very bytes again first, so that finding them is not a fence.
+            segment, sealed = self._unsure
+            assert batch[: len(segment.ops)] == segment.ops  # its records were requeued first
+            await self._publish(segment, sealed)
+            del batch[: len(segment.ops)]  # committed now: never requeued
+            if not batch:
+                return
+        segment = Segment(self.generation + 1, self._head_hash, time.time_ns(), batch)
+        sealed = await trio.to_thread.run_sync(
+            encode_segment, self._meta_key, self._volume_id, segment, limiter=self._limiter
+        )
+        await self._publish(segment, sealed)
+
+    async def _publish(self, segment: Segment, sealed: bytes) -> None:
         try:
-            sealed = await trio.to_thread.run_sync(
-                self._seal_and_publish, segment, limiter=self._limiter
+            await trio.to_thread.run_sync(
+                self._publish_sync, segment.generation, sealed, limiter=self._limiter
             )
         except FencedError as exc:
             self.fenced = exc
             log.error("%s", exc)
             raise
-        self.generation, self._head_hash = gen, sealed_hash(sealed)
+        except BaseException:
+            self._unsure = (segment, sealed)
+            raise
+        self._unsure = None
+        self.generation, self._head_hash = segment.generation, sealed_hash(sealed)
         self.last_commit_ns = segment.time_ns
         self.segments_written += 1
         self._tail.append((segment, sealed))
 
-    def _seal_and_publish(self, segment: Segment) -> bytes:
+    def _publish_sync(self, generation: int, sealed: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
-        sealed = encode_segment(self._meta_key, self._volume_id, segment)
+        name = segment_name(generation)
         self._store.sync()
         try:
-            self._store.put_if_absent(segment_name(segment.generation), sealed)
+            self._store.put_if_absent(name, sealed)
         except ObjectExistsError:
-            raise FencedError(
-                f"another writer committed generation {segment.generation} first: this mount"
-                " was taken over (fenced) and is now read-only; unmount it"
-            ) from None
+            if self._store.get(name) != sealed:  # identical sealed bytes can only be ours
+                raise FencedError(
+                    f"another writer committed generation {generation} first: this mount"
+                    " was taken over (fenced) and is now read-only; unmount it"
+                ) from None
         self._store.sync()
-        return sealed
 
     def snapshot_due(self) -> bool:
         ops_since = sum(len(segment.ops) for segment, _ in self._tail)

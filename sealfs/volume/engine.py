@@ -40,6 +40,9 @@ XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 65536
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
+# Without ACL support these must fail: a stored ACL would be taken as applied (cp -a
+# sets modes through it) while the mode bits, which the kernel checks, stay unchanged.
+POSIX_ACL_XATTRS = (b"system.posix_acl_access", b"system.posix_acl_default")
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -427,10 +430,11 @@ class Volume:
         inode = self.inode(ino)
         if inode.is_dir:
             raise FsError(errno.EISDIR)
-        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and inode.is_reg:
+        if flags & os.O_TRUNC and inode.is_reg:
+            # As Linux does: whatever the access mode (the kernel checked for write
+            # permission), and mtime and ctime change even if the file was empty.
             self._writable()
-            if inode.size:
-                await self._truncate(inode, 0, time.time_ns())
+            await self._truncate(inode, 0, time.time_ns())
         elif flags & os.O_ACCMODE != os.O_RDONLY:
             self._writable()
         return self._open_handle(ino, flags)
@@ -503,8 +507,12 @@ class Volume:
         self._handles[fh] = sorted(entries.items())
         return fh
 
-    async def readdir(self, fh: int, start: int) -> list[DirEntry]:
-        """Entries from index start of the listing taken at opendir (names still present)."""
+    async def readdir(self, fh: int, start: int, limit: int | None = None) -> list[DirEntry]:
+        """Entries from index start of the listing taken at opendir (names still present).
+
+        At most limit of them: a caller that takes a page at a time must not pay for
+        the whole rest of the directory on every page (quadratic in its size).
+        """
         listing = self._handles.get(fh)
         if not isinstance(listing, list):
             raise FsError(errno.EBADF)
@@ -514,6 +522,8 @@ class Volume:
             inode = self.meta.inodes.get(ino)
             if inode is not None:
                 out.append(DirEntry(name, attr_of(inode), index + 1))
+                if limit is not None and len(out) >= limit:
+                    break
         return out
 
     async def releasedir(self, fh: int) -> None:
@@ -537,6 +547,8 @@ class Volume:
             raise FsError(errno.ERANGE)
         if len(value) > XATTR_SIZE_MAX:
             raise FsError(errno.E2BIG)
+        if name in POSIX_ACL_XATTRS:
+            raise FsError(errno.EOPNOTSUPP)
         if flags & XATTR_CREATE and name in inode.xattrs:
             raise FsError(errno.EEXIST)
         if flags & XATTR_REPLACE and name not in inode.xattrs:

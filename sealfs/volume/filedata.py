@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
+from sealfs.chunking.fastcdc import MIN_CHUNK, Chunker
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -147,19 +148,13 @@ class FileData:
             got = {ids[0]: await self._chunks.read(ids[0])}
         else:
             got = {}
-            failures: list[Exception] = []
 
             async def one(cid: bytes) -> None:
-                try:
-                    got[cid] = await self._chunks.read(cid)
-                except Exception as exc:  # raised typed below, not as an ExceptionGroup
-                    failures.append(exc)
+                got[cid] = await self._chunks.read(cid)
 
-            async with trio.open_nursery() as nursery:
+            async with _typed_nursery() as nursery:  # a bad chunk raises IntegrityError itself
                 for cid in ids:
                     nursery.start_soon(one, cid)
-            if failures:
-                raise failures[0]
         return [got[p.chunk] for p in pieces]
 
     def _readahead(self, extents: ExtentMap, fb: FileBuffers, offset: int, end: int) -> None:
@@ -188,6 +183,8 @@ class FileData:
         fb = job.buffers
         fb.flushing = None
         fb.idle.set()
+        if self.files.get(job.inode.ino) is not fb:
+            return  # the file was deleted meanwhile: forget() already released its bytes
         keep = job.data if failed else tail
         self.buffered_bytes -= job.data.nbytes
         if keep:
@@ -211,21 +208,19 @@ class FileData:
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
         for region in _regions(job.data, inode.extents):
-            keep = (
-                keep_tail and region.end >= job.size and region.end - region.start > 2 * MAX_CHUNK
-            )
+            keep = keep_tail and region.end >= job.size
             extents, kept = await self._seal_region(region, job.data, inode.extents, keep, fresh)
             end = region.end - len(kept)
             data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
             if kept:
                 tail.write(end, kept)
-        produced = [ops.chunk(cid, c.plain_size, c.stored_size) for cid, c in fresh.items()]
-        produced += data_ops
+        for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
+            record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
         if inode.ino in self._meta.inodes:
-            for op in produced:
+            for op in data_ops:
                 record(self._meta, sink, op)
         else:
-            sink.extend(produced)  # deleted meanwhile: the log still needs the history
+            sink.extend(data_ops)  # deleted meanwhile: the log still needs the history
         return tail
 
     async def _seal_region(
@@ -260,7 +255,7 @@ class FileData:
                 view, pos = view[n:], pos + n
             return view
 
-        async with trio.open_nursery() as nursery:
+        async with _typed_nursery() as nursery:
             async for block in self._region_bytes(region, data, extents):
                 window += block
                 if len(window) < WINDOW:
@@ -271,7 +266,9 @@ class FileData:
                 assert len(window) == carry
             lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
             kept = b""
-            if keep_tail and len(lengths) > 1:
+            # The last piece is unfinished (the stream goes on): keep it back, unless it
+            # is all this flush would seal. Pieces emitted from earlier windows count too.
+            if keep_tail and lengths and (len(lengths) > 1 or pos > region.start):
                 kept = bytes(window[-lengths.pop() :])
             await emit(memoryview(window), lengths)
         out.sort(key=lambda e: e.start)
@@ -328,16 +325,31 @@ class _Known:
         return any(chunk_id in m for m in self._maps)
 
 
+@asynccontextmanager
+async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery whose first error is raised as itself, not inside an ExceptionGroup,
+    so that callers (the commit loop, fsync) see the StoreError they handle."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+    except BaseExceptionGroup as group:
+        first: BaseException = group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        if not isinstance(first, Exception):
+            raise
+        raise first from None
+
+
 def _regions(data: SparseBuffer, extents: ExtentMap) -> list[Region]:
     """Written ranges widened over small neighbouring pieces, then merged."""
     spans: list[list[int]] = []
     for start, buf in data.ranges():
         lo, hi = start, start + len(buf)
-        left = extents.covering(lo - 1) if lo > 0 else None
-        if left is not None and lo - left.start < MIN_CHUNK:
+        # Absorb every small piece in a row, not just the nearest: else fragments pile up.
+        while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
             lo = left.start
-        right = extents.covering(hi)
-        if right is not None and right.end - hi < MIN_CHUNK:
+        while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
             hi = right.end
         if spans and lo <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], hi)

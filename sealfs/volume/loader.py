@@ -7,11 +7,15 @@ writer is reported on the terminal with a clear line.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import os
 import socket
 import stat
 import time
+from collections.abc import Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -27,7 +31,15 @@ from sealfs.errors import (
 )
 from sealfs.keys.header import HEADER_NAME, VolumeHeader, decode_header
 from sealfs.keys.kdf import Argon2Params
-from sealfs.keys.slots import Secret, create_header, new_master_key, new_volume_id, unlock
+from sealfs.keys.slots import (
+    Secret,
+    SlotMaker,
+    Unlocked,
+    create_header,
+    new_master_key,
+    new_volume_id,
+    unlock,
+)
 from sealfs.meta import ops
 from sealfs.meta.codec import (
     SEGMENT_PREFIX,
@@ -43,6 +55,9 @@ from sealfs.meta.compact import SealedSegment, Snapshot
 from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
 from sealfs.store.base import ObjectStore
+
+LOAD_WORKERS = 8  # log segments fetched at once while mounting
+LOAD_AHEAD = 32  # fetched segments waiting to be replayed, at most
 
 
 @dataclass(eq=False)
@@ -66,10 +81,17 @@ class Loaded:
 
 
 def create_volume(
-    store: ObjectStore, passphrase: bytes, kdf: Argon2Params, recovery_key: bytes
+    store: ObjectStore,
+    passphrase: bytes | None,
+    kdf: Argon2Params | None,
+    recovery_key: bytes,
+    *,
+    extra_slots: Sequence[SlotMaker] = (),
 ) -> VolumeHeader:
     """Write a new, empty volume into an empty store. Raises VolumeExistsError.
 
+    Keyslots: passphrase (unless None), recovery, then extra_slots (KMS,
+    PKCS#11); a slot that cannot be made fails before anything is written.
     The root directory's segment goes first and the header last, so a crash
     half-way leaves no header, and the store is not mistaken for a volume.
     """
@@ -80,7 +102,7 @@ def create_volume(
             f"{store.describe()} is not empty and holds no sealfs volume: use an empty directory"
         )
     master_key, volume_id = new_master_key(), new_volume_id()
-    header_bytes = create_header(master_key, volume_id, passphrase, kdf, recovery_key)
+    header_bytes = create_header(master_key, volume_id, passphrase, kdf, recovery_key, extra_slots)
     subkeys = derive_subkeys(master_key, volume_id)
     now = time.time_ns()
     root = ops.new_inode_record(
@@ -108,21 +130,53 @@ def read_header(store: ObjectStore) -> bytes:
 def open_volume(store: ObjectStore, secret: Secret) -> Loaded:
     """Unlock and load the newest committed state. Raises WrongKeyError, IntegrityError,
     FormatError, NotAVolumeError, StoreError."""
-    unlocked = unlock(read_header(store), secret)
+    return load_unlocked(store, unlock(read_header(store), secret))
+
+
+def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
+    """Load the newest committed state of a volume whose header is already unlocked."""
     meta_key, volume_id = unlocked.subkeys.meta_key, unlocked.header.volume_id
     base, state = _load_snapshot(store, meta_key, volume_id)
     tail: list[SealedSegment] = []
     names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
-    for name in names:
-        gen = parse_generation(name)
-        sealed = store.get(name)
-        try:
-            segment = decode_segment(meta_key, volume_id, gen, sealed)
-        except (IntegrityError, FormatError) as exc:
-            raise type(exc)(f"log segment {name} is damaged: {exc}") from None
-        replay_segment(state, segment, sealed)
-        tail.append((segment, sealed))
+    with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
+        for name, sealed in fetched:
+            gen = parse_generation(name)
+            try:
+                segment = decode_segment(meta_key, volume_id, gen, sealed)
+            except (IntegrityError, FormatError) as exc:
+                raise type(exc)(f"log segment {name} is damaged: {exc}") from None
+            replay_segment(state, segment, sealed)
+            tail.append((segment, sealed))
     return Loaded(store, unlocked.header, unlocked.subkeys, state, base, tail)
+
+
+def _fetch_in_order(
+    store: ObjectStore, names: list[str]
+) -> Generator[tuple[str, bytes], None, None]:
+    """(name, bytes) of each object, in order, fetched LOAD_WORKERS at a time.
+
+    On S3 one GET at a time would make a mount latency-bound. The pool's
+    threads are all gone when this returns (or raises): a mount forks next.
+    """
+    if len(names) < 2:
+        for name in names:
+            yield name, store.get(name)
+        return
+    pool = ThreadPoolExecutor(max_workers=LOAD_WORKERS, thread_name_prefix="sealfs-load")
+    try:
+        pending: collections.deque[tuple[str, Future[bytes]]] = collections.deque()
+        queue = iter(names)
+        for name in itertools.islice(queue, LOAD_AHEAD):
+            pending.append((name, pool.submit(store.get, name)))
+        while pending:
+            name, future = pending.popleft()
+            data = future.result()
+            for more in itertools.islice(queue, 1):
+                pending.append((more, pool.submit(store.get, more)))
+            yield name, data
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _load_snapshot(

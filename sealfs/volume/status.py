@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from sealfs.store.base import request_counts
+
 if TYPE_CHECKING:
     from sealfs.volume.engine import Volume
 
@@ -22,6 +24,7 @@ def volume_status(volume: Volume) -> dict[str, Any]:
     stored = sum(meta.chunks[c].stored_size for c in referenced if c in meta.chunks)
     store = volume.store
     cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
+    requests = request_counts(store)  # S3 stores count their requests; others give None
     return {
         "pid": os.getpid(),
         "volume_id": volume.loaded.volume_id.hex(),
@@ -38,6 +41,7 @@ def volume_status(volume: Volume) -> dict[str, Any]:
         "chunks": len(referenced),
         "memory_cache_bytes": volume.chunks.cache.nbytes,
         "disk_cache_bytes": cache_bytes,
+        "store_requests": requests,
         "read_only": volume.read_only,
         "fenced": volume.commits.fenced is not None,
         "commit_interval": volume.options.commit_interval,

@@ -1,0 +1,230 @@
+"""Bad input to the CLI: one clear line on stderr, the documented exit code, no change.
+
+README: every error is one line on stderr naming the problem and the fix;
+nothing is written to the store when a command fails; exit codes 2 (usage),
+3 (wrong passphrase or recovery key), 4 (not a volume, damaged, unsupported),
+5 (busy). Most cases share one initialised volume that no test changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealfs.keys.recovery import format_recovery_key
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+
+USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
+
+
+def fingerprint(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int | None) -> str:
+    """The single stderr line of a failed command (checks the code, unless None)."""
+    if code is None:
+        assert result.returncode != 0, result
+    else:
+        assert result.returncode == code, (result.returncode, result.stderr)
+    err = result.stderr.strip()
+    assert err, "no message on stderr"
+    assert "\n" not in err, f"more than one line on stderr:\n{err}"
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.fixture(scope="module")
+def vol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VolumeEnv]:
+    """One initialised, unmounted volume shared by the tests that must not change it."""
+    env = VolumeEnv(tmp_path_factory.mktemp("bad-input"))
+    env.init()
+    before = fingerprint(env.store)
+    yield env
+    assert not env.cleanup(), "a test left a mount or a daemon behind"
+    assert fingerprint(env.store) == before, "a failed command changed the store"
+
+
+def mount(
+    vol: VolumeEnv, *extra: str, store: Path | None = None, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    return sealfs(
+        "mount", str(store or vol.store), str(vol.mnt), "--log-file", str(vol.log), *extra, **kw
+    )
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without any passphrase source."""
+    env = dict(os.environ)
+    env.pop("SEALFS_PASSPHRASE_FILE", None)
+    env.pop("CREDENTIALS_DIRECTORY", None)
+    return env
+
+
+def test_wrong_passphrase(vol: VolumeEnv, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not the passphrase\n")
+    err = one_line(mount(vol, "--passphrase-file", str(wrong)), WRONG_KEY)
+    assert "passphrase" in err
+    assert not vol.is_mounted()
+    one_line(sealfs("status", str(vol.store), "--passphrase-file", str(wrong)), WRONG_KEY)
+
+
+def test_wrong_recovery_key_file(vol: VolumeEnv, tmp_path: Path) -> None:
+    other = tmp_path / "other-key"
+    other.write_text(format_recovery_key(os.urandom(32)) + "\n")
+    err = one_line(mount(vol, "--recovery-key-file", str(other)), WRONG_KEY)
+    assert "recovery key" in err
+
+
+def test_recovery_key_typo_is_a_wrong_key_not_damage(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: a mistyped recovery key exited 4 ("damaged volume") instead of 3."""
+    text = vol.recovery_file.read_text().strip()
+    at = 12  # a character of the key itself (the last one also carries padding bits)
+    typo = tmp_path / "typo-key"
+    typo.write_text(text[:at] + ("a" if text[at] != "a" else "b") + text[at + 1 :] + "\n")
+    err = one_line(mount(vol, "--recovery-key-file", str(typo)), WRONG_KEY)
+    assert "typo" in err
+
+
+def test_recovery_key_file_opens_the_volume_readonly_status(vol: VolumeEnv) -> None:
+    result = sealfs("status", str(vol.store), "--recovery-key-file", str(vol.recovery_file))
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("contents", ["empty", "random-files"])
+def test_store_that_is_not_a_volume(vol: VolumeEnv, tmp_path: Path, contents: str) -> None:
+    store = tmp_path / "not-a-volume"
+    store.mkdir()
+    if contents == "random-files":
+        (store / "notes.txt").write_text("hello")
+        (store / "c").mkdir()
+        (store / "c" / "blob").write_bytes(os.urandom(100))
+    before = fingerprint(store)
+    err = one_line(mount(vol, "--passphrase-file", str(vol.passfile), store=store), DAMAGED)
+    assert "sealfs init" in err
+    err = one_line(sealfs("status", str(store), "--passphrase-file", str(vol.passfile)), DAMAGED)
+    assert "sealfs init" in err
+    assert fingerprint(store) == before
+
+
+def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
+    result = sealfs("init", str(vol.store), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
+    err = one_line(result, None)
+    assert "already" in err
+
+
+def test_init_into_a_non_empty_directory_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    target = tmp_path / "full"
+    target.mkdir()
+    (target / "precious.txt").write_text("do not touch")
+    result = sealfs("init", str(target), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
+    err = one_line(result, USAGE)
+    assert "empty" in err
+    assert fingerprint(target) == {"precious.txt": hashlib.sha256(b"do not touch").hexdigest()}
+
+
+def test_missing_mountpoint(vol: VolumeEnv) -> None:
+    result = sealfs(
+        "mount", str(vol.store), str(vol.root / "nowhere"), "--passphrase-file", str(vol.passfile),
+        "--log-file", str(vol.log),
+    )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert "does not exist" in err
+
+
+def test_mountpoint_that_is_a_file(vol: VolumeEnv, tmp_path: Path) -> None:
+    target = tmp_path / "afile"
+    target.write_text("")
+    result = sealfs(
+        "mount", str(vol.store), str(target), "--passphrase-file", str(vol.passfile),
+        "--log-file", str(vol.log),
+    )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert "not a directory" in err
+
+
+@pytest.mark.fuse
+def test_busy_mountpoint_and_second_writer(volume_env: VolumeEnv, tmp_path: Path) -> None:
+    """Regression (busy mountpoint): it exited 2, while the README documents 5."""
+    env = volume_env
+    env.mount()
+    try:
+        pid = env.status()["pid"]
+        # The same volume again on the same (now busy) mountpoint, read-only.
+        result = sealfs(
+            "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+            "--read-only", "--log-file", str(env.log),
+        )  # fmt: skip
+        err = one_line(result, BUSY)
+        assert "busy" in err
+        # A second read-write mount of the mounted volume elsewhere names the writer.
+        other = tmp_path / "other-mnt"
+        other.mkdir()
+        before = fingerprint(env.store / "l")
+        result = sealfs(
+            "mount", str(env.store), str(other), "--passphrase-file", str(env.passfile),
+            "--log-file", str(env.log),
+        )  # fmt: skip
+        err = one_line(result, BUSY)
+        assert str(pid) in err, err
+        assert not os.path.ismount(other)
+        assert fingerprint(env.store / "l") == before
+        assert (env.mnt / ".").exists()  # the first mount still answers
+    finally:
+        env.umount()
+
+
+def test_unsupported_format_version(vol: VolumeEnv, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(vol.store, store)
+    header = bytearray((store / "sealfs.vol").read_bytes())
+    assert header[8:10] == b"\x00\x01"
+    header[8:10] = b"\x00\x02"  # docs/format.md section 5: u16 BE at offset 8
+    (store / "sealfs.vol").write_bytes(bytes(header))
+    before = fingerprint(store)
+    err = one_line(mount(vol, "--passphrase-file", str(vol.passfile), store=store), DAMAGED)
+    assert "version 2" in err and "not supported" in err, err
+    assert fingerprint(store) == before
+
+
+def test_kdf_memory_below_minimum_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    target = tmp_path / "weak"
+    result = sealfs(
+        "init", str(target), "--passphrase-file", str(vol.passfile), "--kdf-memory", "32",
+        "--kdf-iterations", "1",
+    )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert "--kdf-memory" in err
+    assert not target.exists() or not any(target.iterdir())
+
+
+def test_empty_passphrase_file_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    target = tmp_path / "new"
+    err = one_line(sealfs("init", str(target), "--passphrase-file", str(empty), *CHEAP_KDF), USAGE)
+    assert "empty" in err
+    assert not target.exists() or not any(target.iterdir())
+    err = one_line(mount(vol, "--passphrase-file", str(empty)), USAGE)
+    assert "empty" in err
+
+
+def test_no_passphrase_source_and_no_terminal(vol: VolumeEnv, tmp_path: Path) -> None:
+    err = one_line(mount(vol, env=clean_env()), USAGE)  # stdin is /dev/null
+    assert "--passphrase-file" in err
+    target = tmp_path / "new"
+    err = one_line(sealfs("init", str(target), *CHEAP_KDF, env=clean_env()), USAGE)
+    assert "--passphrase-file" in err
+    assert not target.exists() or not any(target.iterdir())

@@ -1,0 +1,206 @@
+"""The CLI commands as users run them: init, mount options, status, umount, takeover."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+
+pytestmark = pytest.mark.fuse
+
+USAGE, BUSY = 2, 5
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    err = result.stderr.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def status_json(*args: str) -> dict[str, Any]:
+    result = sealfs("status", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def test_init_prints_a_recovery_key_that_unlocks(tmp_path: Path) -> None:
+    env = VolumeEnv(tmp_path)
+    result = sealfs("init", str(env.store), "--passphrase-file", str(env.passfile), *CHEAP_KDF)
+    assert result.returncode == 0, result.stderr
+    keys = re.findall(r"sfrk(?:-[a-z2-7]{1,4}){14}", result.stdout)
+    assert len(keys) == 1, result.stdout
+    env.recovery_file.write_text(keys[0] + "\n")
+    try:
+        mounted = sealfs(
+            "mount", str(env.store), str(env.mnt), "--recovery-key-file", str(env.recovery_file),
+            "--log-file", str(env.log),
+        )  # fmt: skip
+        assert mounted.returncode == 0, mounted.stderr
+        (env.mnt / "hello").write_text("unlocked with the printed key")
+        env.umount()
+        env.mount()  # and the passphrase still opens it
+        assert (env.mnt / "hello").read_text() == "unlocked with the printed key"
+        env.umount()
+        assert keys[0] not in env.log_text()
+    finally:
+        assert not env.cleanup()
+
+
+def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    sizes = {"a": 0, "b": 12_345, "c": 2_500_000}
+    (env.mnt / "dir").mkdir()
+    for name, size in sizes.items():
+        (env.mnt / "dir" / name).write_bytes(os.urandom(size))
+    os.symlink("dir/a", env.mnt / "link")
+    live = status_json(str(env.mnt))
+    assert live["files"] == len(sizes)
+    assert live["logical_bytes"] == sum(sizes.values())
+    assert live["pid"] == env.status()["pid"] and live["read_only"] is False
+    assert isinstance(live["generation"], int) and live["generation"] >= 2
+    table = sealfs("status", str(env.mnt))
+    assert table.returncode == 0 and "generation" in table.stdout, table.stderr
+    env.umount()
+    stored = status_json(str(env.store), "--passphrase-file", str(env.passfile))
+    assert stored["files"] == len(sizes)
+    assert stored["logical_bytes"] == sum(sizes.values())
+    assert stored["generation"] > live["generation"]  # data commits and the release
+    assert stored["pid"] is None and stored["pending_bytes"] == 0
+    assert 0 < int(stored["stored_bytes"]) <= sum(sizes.values()) + 36 * int(stored["chunks"])
+
+
+def test_umount_of_a_directory_that_is_not_mounted(tmp_path: Path) -> None:
+    err = one_line(sealfs("umount", str(tmp_path)), USAGE)
+    assert "not mounted" in err
+
+
+def test_umount_with_an_open_file_is_busy_on_stderr_then_succeeds(mounted_env: VolumeEnv) -> None:
+    """Regression: umount printed its errors (busy, commit failed) on stdout."""
+    env = mounted_env
+    (env.mnt / "held").write_text("still here")
+    with open(env.mnt / "held") as f:
+        err = one_line(sealfs("umount", str(env.mnt)), BUSY)
+        assert "busy" in err
+        assert env.is_mounted()
+        assert f.read() == "still here"
+    env.umount()
+    assert not env.is_mounted()
+
+
+def test_read_only_mount_refuses_writes(volume_env: VolumeEnv) -> None:
+    env = volume_env
+    env.mount()
+    (env.mnt / "kept").write_text("kept")
+    env.umount()
+    env.mount("--read-only")
+    try:
+        assert (env.mnt / "kept").read_text() == "kept"
+        for attempt in (
+            lambda: os.open(env.mnt / "kept", os.O_WRONLY),
+            lambda: os.open(env.mnt / "new", os.O_WRONLY | os.O_CREAT),
+            (env.mnt / "newdir").mkdir,
+            (env.mnt / "kept").unlink,
+            lambda: os.setxattr(env.mnt / "kept", "user.x", b"1"),
+        ):
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS
+        assert env.status()["read_only"] is True
+    finally:
+        env.umount()
+
+
+def test_sync_on_close_makes_close_durable(volume_env: VolumeEnv) -> None:
+    env = volume_env
+    env.mount("--sync-on-close", "--commit-interval", "3600")  # only close() can commit
+    data = os.urandom(300_000)
+    with open(env.mnt / "closed", "wb") as f:
+        f.write(data)
+    env.kill()
+    # Same host, writer killed: its pid is dead, so a plain mount (no --takeover) works.
+    env.mount()
+    try:
+        assert (env.mnt / "closed").read_bytes() == data
+    finally:
+        env.umount()
+
+
+def foreign_mount(env: VolumeEnv, host: str) -> subprocess.CompletedProcess[str]:
+    """Mount as if from another machine: the same CLI under another UTS hostname."""
+    command = [
+        sys.executable, "-m", "sealfs.cli.main", "mount", str(env.store), str(env.mnt),
+        "--passphrase-file", str(env.passfile), "--log-file", str(env.log),
+    ]  # fmt: skip
+    script = f"hostname {host} && exec {shlex.join(command)}"
+    return subprocess.run(
+        ["unshare", "--uts", "sh", "-c", script],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+
+
+def test_takeover_of_a_crashed_writer_on_another_host(volume_env: VolumeEnv) -> None:
+    env = volume_env
+    result = foreign_mount(env, "sealfs-other-host")
+    assert result.returncode == 0, result.stderr
+    (env.mnt / "one").write_text("1")
+    with open(env.mnt / "one") as f:
+        os.fsync(f.fileno())
+    env.kill()
+    # Its pid means nothing here: a plain mount refuses and names the writer.
+    err = one_line(env.mount(check=False), BUSY)
+    assert "sealfs-other-host" in err and "--takeover" in err, err
+    assert not env.is_mounted()
+    env.mount("--takeover")
+    try:
+        assert (env.mnt / "one").read_text() == "1"
+    finally:
+        env.umount()
+
+
+@pytest.mark.slow
+def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression (umount): a fenced mount could never be unmounted with `sealfs umount`
+    (its commit always fails, and a failed commit kept it mounted)."""
+    env = volume_env
+    env.mount()
+    second = tmp_path / "second"
+    second.mkdir()
+    try:
+        result = sealfs(
+            "mount", str(env.store), str(second), "--passphrase-file", str(env.passfile),
+            "--log-file", str(env.log), "--takeover",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        # The old writer's next commit loses the generation race: it turns read-only.
+        with pytest.raises(OSError) as info, open(env.mnt / "late", "w") as f:
+            f.write("from the fenced writer")
+            f.flush()
+            os.fsync(f.fileno())
+        assert info.value.errno in (errno.EROFS, errno.EIO)
+        assert env.status()["fenced"] is True
+        (second / "fresh").write_text("from the new writer")
+        err = one_line(sealfs("umount", str(env.mnt)), 1)
+        assert "taken over" in err, err
+        assert not env.is_mounted()
+    finally:
+        sealfs("umount", str(second))
+        assert not os.path.ismount(second)
+    env.mount()
+    try:
+        assert (env.mnt / "fresh").read_text() == "from the new writer"
+        assert not (env.mnt / "late").exists()
+    finally:
+        env.umount()

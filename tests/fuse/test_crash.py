@@ -1,0 +1,239 @@
+"""Crash tests: SIGKILL the daemon mid-workload, remount, check the prefix property.
+
+The design promises that the state after a crash is a prefix of the committed
+operations, that fsync returns only once everything before it is committed,
+and that close() data is committed within the commit interval. A workload
+process writes the way agents write checkpoints and reports what fsync
+acknowledged; the daemon dies at a seeded random moment; the remounted tree
+must be one consistent cut no earlier than the last acknowledgement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mounts import VolumeEnv
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+SEED = 20240611
+ROUNDS = 4
+
+# The workload, run as `python -c WORKLOAD DIR N`. For i in 1..N: write
+# ckpt.tmp, fsync, rename over ckpt.json, fsync the directory; append "i" to
+# the journal and fsync it; print "committed i"; then write loose-i.tmp and
+# rename it to loose-i without any fsync (data only the commit interval saves).
+WORKLOAD = r"""
+import hashlib, json, os, random, sys
+
+root, n = sys.argv[1], int(sys.argv[2])
+
+def doc(i):
+    rng = random.Random(i)
+    data = rng.randbytes(rng.randrange(500, 150_000)).hex()
+    return json.dumps({"i": i, "data": data, "sha256": hashlib.sha256(data.encode()).hexdigest()})
+
+def loose(i):
+    return random.Random(-i).randbytes(1 + i * 37 % 4000)
+
+os.makedirs(root, exist_ok=True)
+d = os.open(os.path.dirname(root), os.O_RDONLY | os.O_DIRECTORY)
+os.fsync(d)
+os.close(d)
+print("started", flush=True)
+for i in range(1, n + 1):
+    tmp, dst = os.path.join(root, "ckpt.tmp"), os.path.join(root, "ckpt.json")
+    with open(tmp, "w") as f:
+        f.write(doc(i))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, dst)
+    d = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(d)
+    os.close(d)
+    with open(os.path.join(root, "journal"), "a") as f:
+        f.write(f"{i}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    print(f"committed {i}", flush=True)
+    lt = os.path.join(root, f"loose-{i}.tmp")
+    with open(lt, "wb") as f:
+        f.write(loose(i))
+    os.rename(lt, os.path.join(root, f"loose-{i}"))
+print("done", flush=True)
+"""
+
+
+def ckpt_doc(i: int) -> str:
+    """The exact text the workload writes as checkpoint i (mirrors WORKLOAD)."""
+    rng = random.Random(i)
+    data = rng.randbytes(rng.randrange(500, 150_000)).hex()
+    return json.dumps({"i": i, "data": data, "sha256": hashlib.sha256(data.encode()).hexdigest()})
+
+
+def loose_bytes(i: int) -> bytes:
+    return random.Random(-i).randbytes(1 + i * 37 % 4000)
+
+
+def start_workload(root: Path, n: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD, str(root), str(n)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the workload runs (or dies)
+    assert line == "started\n", line + proc.stderr.read() if proc.stderr else ""
+    return proc
+
+
+def finish_workload(proc: subprocess.Popen[str]) -> tuple[list[str], str]:
+    """Reap a workload whose filesystem died under it; its stdout lines and stderr."""
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=20)
+    return out.splitlines(), err
+
+
+def last_committed(lines: list[str]) -> int:
+    done = [int(line.split()[1]) for line in lines if line.startswith("committed ")]
+    return done[-1] if done else 0
+
+
+def check_round(root: Path, acked: int, where: str) -> int:
+    """Check one workload directory after a crash; return the journal length M."""
+    if not root.exists():
+        assert acked == 0, f"{where}: directory lost after {acked} acknowledged commits"
+        return 0
+    names = set(os.listdir(root))
+    journal_text = (root / "journal").read_text() if "journal" in names else ""
+    lines = journal_text.split("\n")
+    assert lines[-1] == "", f"{where}: journal ends in a partial line: {journal_text[-40:]!r}"
+    numbers = [int(x) for x in lines[:-1]]
+    m = len(numbers)
+    assert numbers == list(range(1, m + 1)), f"{where}: journal is not a prefix of 1..M"
+    assert m >= acked, f"{where}: journal has {m} lines but {acked} were acknowledged"
+
+    if "ckpt.json" in names:
+        text = (root / "ckpt.json").read_text()
+        assert text, f"{where}: ckpt.json is empty"
+        doc = json.loads(text)  # a mixed or torn file fails here or below
+        i = doc["i"]
+        assert text == ckpt_doc(i), f"{where}: ckpt.json is not exactly version {i}"
+        assert hashlib.sha256(doc["data"].encode()).hexdigest() == doc["sha256"]
+    else:
+        i = 0
+    assert i >= acked, f"{where}: ckpt.json is version {i} but {acked} was acknowledged"
+    # Prefix: checkpoint i is renamed into place before "i" joins the journal.
+    assert i in (m, m + 1), f"{where}: ckpt.json is version {i} but the journal holds {m}"
+
+    loose = sorted(int(n.removeprefix("loose-")) for n in names if n.startswith("loose-") and
+                   not n.endswith(".tmp"))  # fmt: skip
+    k = loose[-1] if loose else 0
+    assert loose == list(range(1, k + 1)), f"{where}: unsynced files are not a prefix: {loose}"
+    assert k in (m - 1, m) or (m == 0 and k == 0), f"{where}: loose-{k} with journal {m}"
+    if i == m + 1:
+        assert k == m, f"{where}: ckpt {i} committed before loose-{m}"
+    for j in loose:
+        assert (root / f"loose-{j}").read_bytes() == loose_bytes(j), f"{where}: loose-{j} torn"
+    for name in names:
+        if name.startswith("loose-") and name.endswith(".tmp"):
+            j = int(name.removeprefix("loose-").removesuffix(".tmp"))
+            assert j == k + 1, f"{where}: stray {name} (newest loose file is {k})"
+            data = (root / name).read_bytes()
+            assert data in (b"", loose_bytes(j)), f"{where}: {name} is half-written"
+    if "ckpt.tmp" in names:
+        # Written but not yet fsynced: any prefix of the next checkpoint's bytes.
+        partial = (root / "ckpt.tmp").read_text()
+        assert ckpt_doc(i + 1).startswith(partial), f"{where}: ckpt.tmp is not version {i + 1}"
+    expected = {"journal", "ckpt.json", "ckpt.tmp"}
+    odd = {n for n in names if n not in expected and not n.startswith("loose-")}
+    assert not odd, f"{where}: unexpected files {odd}"
+    return m
+
+
+def test_kill_mid_checkpoint_workload_leaves_a_committed_prefix(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    acked: dict[str, int] = {}
+    for rnd in range(ROUNDS):
+        rng = random.Random(SEED + rnd)
+        where = f"round {rnd} (seed {SEED + rnd})"
+        name = f"round-{rnd}"
+        proc = start_workload(env.mnt / name, 100_000)
+        time.sleep(rng.uniform(0.2, 1.5))
+        env.kill()
+        lines, _ = finish_workload(proc)
+        assert "done" not in lines, "the workload finished before the kill"
+        acked[name] = last_committed(lines)
+        env.mount()
+        # Every round so far, not just this one: earlier crashes must stay intact.
+        for old, count in acked.items():
+            check_round(env.mnt / old, count, f"{where}, checking {old}")
+    assert max(acked.values()) > 0, "no round acknowledged any commit: the test proved nothing"
+
+
+def test_kill_during_large_sequential_write(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    old = random.Random(1).randbytes(3 << 20)
+    big = env.mnt / "big"
+    with open(big, "wb") as f:
+        f.write(old)
+        os.fsync(f.fileno())
+    script = r"""
+import os, random, sys
+data = random.Random(int(sys.argv[2])).randbytes(64 << 20)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+print("started", flush=True)
+for o in range(0, len(data), 1 << 20):
+    os.write(fd, data[o : o + (1 << 20)])
+os.fsync(fd)
+print("synced", flush=True)
+"""
+    rng = random.Random(SEED)
+    for rnd, wait_for_sync in enumerate([False, True]):
+        seed = SEED + rnd
+        new = random.Random(seed).randbytes(64 << 20)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(big), str(seed)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "started\n"
+        if wait_for_sync:
+            assert proc.stdout.readline() == "synced\n"
+        else:
+            time.sleep(rng.uniform(0.0, 0.6))
+        env.kill()
+        lines, _ = finish_workload(proc)
+        synced = wait_for_sync or "synced" in lines
+        env.mount()
+        got = big.read_bytes()
+        if synced:
+            assert len(got) == len(new) and got == new, f"round {rnd}: fsynced file differs"
+            old = new
+        else:
+            consistent = got == old or (len(got) <= len(new) and got == new[: len(got)])
+            assert consistent, f"round {rnd}: {len(got)} bytes, neither old nor a prefix of new"
+            old = got
+
+
+def test_closed_file_is_committed_within_the_commit_interval(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    data = random.Random(7).randbytes(200_000)
+    (env.mnt / "lazy").write_bytes(data)  # no fsync: only the commit interval saves it
+    (env.mnt / "lazydir").mkdir()
+    time.sleep(1.5)
+    env.kill()
+    env.mount()
+    assert (env.mnt / "lazy").read_bytes() == data
+    assert (env.mnt / "lazydir").is_dir()

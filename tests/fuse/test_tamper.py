@@ -1,0 +1,202 @@
+"""Tamper tests: a store that corrupts, swaps or drops objects gives EIO or a refusal.
+
+The threat model promises that every byte a read returns is authentic:
+tampering gives EIO and a log line naming the object, never wrong data; a
+damaged log is refused at mount (exit code 4) without writing anything.
+One pristine volume is built per module; each test tampers with a copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mounts import VolumeEnv
+
+pytestmark = pytest.mark.fuse
+
+FILE_SIZE = 8 << 20
+BLOCK = 256 << 10  # the smallest chunk is 256 KiB: each chunk covers at least one block
+DATA = random.Random(99).randbytes(FILE_SIZE)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding one volume with one multi-chunk file, cleanly unmounted."""
+    env = VolumeEnv(tmp_path_factory.mktemp("pristine"))
+    env.init()
+    env.mount()
+    try:
+        (env.mnt / "data.bin").write_bytes(DATA)  # its chunks are the only ones
+    finally:
+        env.umount()
+    assert not env.cleanup()
+    return env.store
+
+
+@pytest.fixture
+def env(pristine: Path, tmp_path: Path) -> Iterator[VolumeEnv]:
+    """A fresh copy of the pristine volume (not mounted); leaks are checked at teardown."""
+    e = VolumeEnv(tmp_path)
+    shutil.copytree(pristine, e.store)
+    yield e
+    assert not e.cleanup(), "the test left a mount or a daemon behind"
+
+
+def chunk_paths(store: Path) -> list[Path]:
+    return sorted((store / "c").glob("*/*"))
+
+
+def object_name(store: Path, path: Path) -> str:
+    return path.relative_to(store).as_posix()
+
+
+def store_fingerprint(store: Path) -> dict[str, str]:
+    return {
+        p.relative_to(store).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(store.rglob("*"))
+        if p.is_file()
+    }
+
+
+def flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2 if offset is None else offset
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def read_blocks(path: Path) -> list[int]:
+    """Read the file block by block (no readahead); return the indexes of blocks
+    that fail with EIO. Every byte that a read returns must be the original byte
+    (a read may come back short before the EIO: the pages before the bad chunk)."""
+    bad = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for index, offset in enumerate(range(0, FILE_SIZE, BLOCK)):
+            pos, end = offset, offset + BLOCK
+            while pos < end:
+                try:
+                    got = os.pread(fd, end - pos, pos)
+                except OSError as exc:
+                    assert exc.errno == errno.EIO, exc
+                    bad.append(index)
+                    break
+                assert got, f"unexpected end of file at {pos}"
+                assert got == DATA[pos : pos + len(got)], f"wrong bytes at {pos}"
+                pos += len(got)
+    finally:
+        os.close(fd)
+    return bad
+
+
+def runs(indexes: list[int]) -> int:
+    """How many contiguous runs the sorted indexes form."""
+    return sum(1 for i, x in enumerate(indexes) if i == 0 or indexes[i - 1] != x - 1)
+
+
+def test_pristine_volume_has_several_chunks(pristine: Path) -> None:
+    assert len(chunk_paths(pristine)) >= 4
+
+
+def test_flipped_byte_in_a_chunk_gives_eio_there_only(env: VolumeEnv) -> None:
+    victim = chunk_paths(env.store)[1]
+    flip_byte(victim)
+    env.mount()
+    try:
+        bad = read_blocks(env.mnt / "data.bin")
+        assert bad, "a tampered chunk was read without error"
+        assert len(bad) < FILE_SIZE // BLOCK and runs(bad) == 1, bad
+    finally:
+        env.umount()
+    assert object_name(env.store, victim) in env.log_text(), "the log does not name the object"
+
+
+def test_read_spanning_chunks_logs_typed_eio_not_exception_group(env: VolumeEnv) -> None:
+    """Regression: a read over several chunks fetched them in a nursery, so a bad chunk
+    surfaced as an ExceptionGroup: logged as an unexpected error with a traceback."""
+    victim = chunk_paths(env.store)[0]
+    flip_byte(victim)
+    env.mount()
+    try:
+        # Every boundary of the bad chunk falls inside some read request: that
+        # request spans two chunks and takes the concurrent-fetch path.
+        assert read_blocks(env.mnt / "data.bin")
+    finally:
+        env.umount()
+    log = env.log_text()
+    assert f"I/O error: chunk {object_name(env.store, victim)}" in log, log
+    assert "Traceback" not in log and "unexpected error" not in log, log
+
+
+def test_swapped_chunks_give_eio_never_other_bytes(env: VolumeEnv) -> None:
+    a, b = chunk_paths(env.store)[:2]
+    os.replace(a, b)  # b now holds a's (authentic, but differently bound) bytes; a is gone
+    env.mount()
+    try:
+        bad = read_blocks(env.mnt / "data.bin")
+        assert bad and len(bad) < FILE_SIZE // BLOCK and runs(bad) <= 2, bad
+    finally:
+        env.umount()
+    log = env.log_text()
+    assert object_name(env.store, b) in log and object_name(env.store, a) in log
+
+
+def test_truncated_chunk_gives_eio(env: VolumeEnv) -> None:
+    victim = chunk_paths(env.store)[2]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 3])
+    env.mount()
+    try:
+        bad = read_blocks(env.mnt / "data.bin")
+        assert bad and len(bad) < FILE_SIZE // BLOCK and runs(bad) == 1, bad
+    finally:
+        env.umount()
+    assert object_name(env.store, victim) in env.log_text()
+
+
+def refused_mount(env: VolumeEnv, code: int | None = 4) -> str:
+    """Mount must fail without touching the store; returns its one stderr line."""
+    before = store_fingerprint(env.store)
+    result = env.mount(check=False)
+    assert not env.is_mounted()
+    if code is None:
+        assert result.returncode != 0
+    else:
+        assert result.returncode == code, (result.returncode, result.stderr)
+    err = result.stderr.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    assert store_fingerprint(env.store) == before, "a refused mount changed the store"
+    return err
+
+
+def test_tampered_segment_refuses_mount_naming_the_segment(env: VolumeEnv) -> None:
+    flip_byte(env.store / "l" / "0000000000000002")
+    err = refused_mount(env)
+    assert "segment 2" in err or "0000000000000002" in err, err
+
+
+def test_missing_middle_segment_refuses_mount(env: VolumeEnv) -> None:
+    segments = sorted((env.store / "l").iterdir())
+    assert len(segments) >= 4
+    segments[2].unlink()
+    err = refused_mount(env)
+    assert "missing" in err, err
+
+
+def test_tampered_header_refuses_mount(env: VolumeEnv) -> None:
+    header = env.store / "sealfs.vol"
+    size = header.stat().st_size
+    for offset in (20, size // 2, size - 40):  # early body, middle of the body, end of the body
+        original = header.read_bytes()
+        flip_byte(header, offset)
+        refused_mount(env, code=None)
+        header.write_bytes(original)

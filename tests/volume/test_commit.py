@@ -1,0 +1,428 @@
+"""Group commit, commit failures, fencing, snapshots and orphan purge."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from typing import Any
+
+import pytest
+import trio
+
+from sealfs.errors import FencedError, FsError, IntegrityError, StoreError
+from sealfs.keys.kdf import Argon2Params
+from sealfs.keys.slots import Passphrase
+from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, segment_name
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.faults import FaultyStore
+from sealfs.store.memory import MemoryStore
+from sealfs.volume import committer
+from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
+from tests.volume.test_engine import (
+    GID,
+    RW,
+    UID,
+    assert_replay_equals_live,
+    expect,
+    ino_of,
+    install_cached_unlock,
+    load,
+    meta_signature,
+    mkdir,
+    mkfile,
+    read_all,
+    session,
+    write_at,
+)
+from tests.volume.test_filedata import GatedStore, wait_until
+
+QUIET = {"commit_interval": 3600.0}  # no background commits unless a test wants them
+
+
+@pytest.fixture(autouse=True)
+def _cached_unlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_cached_unlock(monkeypatch)
+
+
+@pytest.fixture
+def faulty(memory_store: MemoryStore, kdf_params: Argon2Params) -> FaultyStore:
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    return FaultyStore(memory_store)
+
+
+def segments(store: Any) -> list[str]:
+    return list(store.list(SEGMENT_PREFIX))
+
+
+# -- group commit ----------------------------------------------------------------------------
+
+
+async def test_concurrent_fsyncs_share_commits(volume_store: MemoryStore) -> None:
+    async with session(volume_store, **QUIET) as v:
+        before = v.commits.segments_written
+
+        async def one(k: int) -> None:
+            await mkfile(v, ROOT_INO, b"f%d" % k, os.urandom(50_000))
+            await v.fsync()
+
+        async with trio.open_nursery() as nursery:
+            for k in range(10):
+                nursery.start_soon(one, k)
+        assert 1 <= v.commits.segments_written - before <= 3
+        state = load(volume_store)
+        for k in range(10):
+            assert b"f%d" % k in state.inodes[ROOT_INO].entries  # type: ignore[operator]
+
+
+async def test_fsync_on_a_clean_volume_writes_nothing(volume_store: MemoryStore) -> None:
+    async with session(volume_store, **QUIET) as v:
+        await mkfile(v, ROOT_INO, b"f", b"x")
+        await v.fsync()
+        written = v.commits.segments_written
+        counts = dict(volume_store.counts)
+        for _ in range(5):
+            await v.fsync()
+        assert v.commits.segments_written == written
+        assert volume_store.counts["put_if_absent"] == counts["put_if_absent"]
+        assert volume_store.counts["put"] == counts["put"]
+        fh = await v.open(await ino_of(v, "f"), os.O_RDONLY)
+        await v.read(fh, 0, 10)
+        await v.release(fh)
+        await v.fsync()  # reads record nothing
+        assert v.commits.segments_written == written
+
+
+async def test_fsync_waits_for_a_commit_that_covers_later_writes(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """A commit already running when fsync is called may have cut before the caller's
+    writes: fsync must wait for the next one."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = GatedStore(memory_store)
+    async with session(store, **QUIET) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"first", os.urandom(2 << 20))
+        store.close_gate()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                second = await mkfile(v, ROOT_INO, b"second", b"late bytes")
+                done = trio.Event()
+
+                async def late_fsync() -> None:
+                    await v.fsync()
+                    done.set()
+
+                nursery.start_soon(late_fsync)
+                await trio.sleep(0.02)
+                assert not done.is_set()
+                store.open_gate()
+                await done.wait()
+                state = load(memory_store)
+                assert state.inodes[second].size == len(b"late bytes")
+        finally:
+            store.open_gate()
+
+
+async def test_background_loop_commits_within_the_interval(volume_store: MemoryStore) -> None:
+    async with session(volume_store, commit_interval=0.02) as v:
+        f = await mkfile(v, ROOT_INO, b"f", b"soon durable")
+        await wait_until(lambda: f in load(volume_store).inodes, timeout=5)
+        await wait_until(lambda: not v.commits.has_work(), timeout=5)
+        assert load(volume_store).inodes[f].size == len(b"soon durable")
+
+
+# -- commit failures -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "prefix", "fault"),
+    [
+        ("put", "c/", "transient"),
+        ("put", "c/", "unavailable"),
+        ("put", "c/", "nospace"),
+        ("put_if_absent", "l/", "transient"),
+        ("put_if_absent", "l/", "unavailable"),
+        ("sync", "", "transient"),
+    ],
+)
+async def test_failed_commit_raises_and_keeps_the_data(
+    faulty: FaultyStore, method: str, prefix: str, fault: Any
+) -> None:
+    data = os.urandom(3 << 20)
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        d = await mkdir(v, ROOT_INO, b"d")
+        f = await mkfile(v, d, b"f", data)
+        await v.setxattr(f, b"user.k", b"v")
+        faulty.fail_next(method, prefix, fault)
+        with pytest.raises(StoreError):
+            await v.fsync()
+        assert faulty.injected
+        assert f not in load(faulty.inner).inodes
+        assert await read_all(v, f) == data  # still served from memory
+        await v.fsync()
+        state = load(faulty.inner)
+        assert state.inodes[f].size == len(data)
+        assert state.inodes[f].xattrs == {b"user.k": b"v"}
+    async with session(faulty.inner) as v:
+        assert await read_all(v, await ino_of(v, "d/f")) == data
+
+
+async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
+    faulty: FaultyStore,
+) -> None:
+    """Regression: a chunk upload failing inside a flush surfaced as an ExceptionGroup,
+    which fsync callers did not expect and which killed the background commit loop."""
+    async with session(faulty, commit_interval=0.01) as v:  # type: ignore[arg-type]
+        faulty.fail_next("put", "c/", "unavailable")
+        f = await mkfile(v, ROOT_INO, b"f", os.urandom(3 << 20))
+        await wait_until(lambda: faulty.injected)
+        await wait_until(lambda: f in load(faulty.inner).inodes, timeout=10)
+        faulty.fail_next("put", "c/", "transient")
+        await mkfile(v, ROOT_INO, b"g", os.urandom(1 << 20))
+        with contextlib.suppress(StoreError):  # itself, unless the loop met the fault first
+            await v.fsync()
+        await v.fsync()
+        assert len(faulty.injected) == 2
+
+
+async def test_flush_failing_to_read_an_old_chunk_raises_integrity_error(
+    faulty: FaultyStore,
+) -> None:
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        f = await mkfile(v, ROOT_INO, b"f", b"x" * 100)
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        await write_at(v, f, 100, b"y" * 10)  # merges with the small old extent: reads it
+        faulty.fail_next("get", "c/", "corrupt")
+        with pytest.raises(IntegrityError):
+            await v.fsync()
+        await v.fsync()
+        assert await read_all(v, f) == b"x" * 100 + b"y" * 10
+
+
+async def test_every_waiter_of_a_failed_commit_sees_the_error(faulty: FaultyStore) -> None:
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"f", b"x")
+        faulty.fail_next("put_if_absent", "l/", "unavailable")
+        errors: list[BaseException] = []
+
+        async def one() -> None:
+            try:
+                await v.fsync()
+            except StoreError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(one)
+        assert len(errors) == 5
+        await v.fsync()
+
+
+async def test_segment_create_that_landed_despite_an_error_is_not_fencing(
+    faulty: FaultyStore,
+) -> None:
+    """Regression: a segment create whose reply was lost (it took effect, then failed)
+    made the next commit find its own generation taken and fence the writer."""
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        f = await mkfile(v, ROOT_INO, b"f", b"first")
+        faulty.fail_next("put_if_absent", "l/", "transient_after")
+        with pytest.raises(StoreError):
+            await v.fsync()
+        g = await mkfile(v, ROOT_INO, b"g", b"second")
+        await v.fsync()
+        assert v.commits.fenced is None
+        state = load(faulty.inner)
+        assert f in state.inodes and g in state.inodes
+    assert_replay_equals_live(faulty.inner, v)
+
+
+async def test_lost_reply_then_a_failed_next_segment_commits_each_record_once(
+    faulty: FaultyStore,
+) -> None:
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"f", b"first")
+        gen = v.commits.generation
+        faulty.fail_next("put_if_absent", "l/", "transient_after")
+        with pytest.raises(StoreError):
+            await v.fsync()
+        await v.rename(ROOT_INO, b"f", ROOT_INO, b"g")
+        faulty.fail_next("put_if_absent", segment_name(gen + 2), "unavailable")
+        with pytest.raises(StoreError):
+            await v.fsync()  # the lost segment is confirmed; the next one fails
+        assert v.commits.generation == gen + 1
+        await v.fsync()
+        assert v.commits.generation == gen + 2
+    assert_replay_equals_live(faulty.inner, v)
+    assert sorted(load(faulty.inner).inodes[ROOT_INO].entries or {}) == [b"g"]
+
+
+async def test_background_loop_retries_a_failed_commit(faulty: FaultyStore) -> None:
+    async with session(faulty, commit_interval=0.02) as v:  # type: ignore[arg-type]
+        faulty.fail_next("put", "c/", "transient", times=3)
+        f = await mkfile(v, ROOT_INO, b"f", os.urandom(100_000))
+        with trio.fail_after(20):
+            while f not in load(faulty.inner).inodes:
+                await trio.sleep(0.05)
+        assert len(faulty.injected) == 3
+
+
+# -- fencing ---------------------------------------------------------------------------------
+
+
+async def test_second_claim_fences_the_first_writer(volume_store: MemoryStore) -> None:
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(volume_store, **QUIET) as v:
+            f = await mkfile(v, ROOT_INO, b"f", b"before")
+            await v.fsync()
+            other = open_volume(volume_store, Passphrase(PASSPHRASE))
+            check_writer(other, takeover=True)
+            claim_writer(other)
+            fh = await v.open(f, RW)
+            await v.write(fh, 0, b"AFTER!")  # buffered: the fence shows at the commit
+            with pytest.raises(FencedError):
+                await v.commits.commit()
+            assert v.commits.fenced is not None
+            await expect(errno.EROFS, v.fsync())
+            await expect(errno.EROFS, v.write(fh, 0, b"x"))
+            await expect(errno.EROFS, v.create(ROOT_INO, b"g", 0o644, RW, UID, GID))
+            await expect(errno.EROFS, v.mkdir(ROOT_INO, b"d", 0o755, UID, GID))
+            await expect(errno.EROFS, v.setattr(f, size=0))
+            assert await v.read(fh, 0, 10) == b"AFTER!"
+            await v.release(fh)
+    state = load(volume_store)
+    assert state.writer is not None and state.writer.mount_id == other.writer.mount_id  # type: ignore[union-attr]
+    async with mounted(volume_store, read_only=True) as ro:
+        assert await read_all(ro, f) == b"before"
+
+
+async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(volume_store, commit_interval=0.01) as v:
+            other = open_volume(volume_store, Passphrase(PASSPHRASE))
+            claim_writer(other)
+            await mkfile(v, ROOT_INO, b"f", b"x")
+            await wait_until(lambda: v.commits.fenced is not None)
+            await expect(errno.EROFS, v.fsync())
+
+
+# -- snapshots -------------------------------------------------------------------------------
+
+
+async def test_snapshot_after_enough_ops_and_reopen_from_it(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 40)
+    async with session(volume_store, commit_interval=0.01) as v:
+        d = await mkdir(v, ROOT_INO, b"d")
+        for k in range(30):
+            await mkfile(v, d, b"f%d" % k, b"content %d" % k)
+            await v.setxattr(d, b"user.k%d" % k, b"%d" % k)
+            if k % 7 == 0:
+                await v.fsync()
+        await v.fsync()
+        await wait_until(lambda: volume_store.list(SNAPSHOT_PREFIX))
+        snaps = volume_store.list(SNAPSHOT_PREFIX)
+        await v.rename(d, b"f0", ROOT_INO, b"moved")
+        await v.fsync()
+    gen = parse_generation(snaps[-1])
+    # Segments up to the snapshot are no longer needed to mount.
+    for name in segments(volume_store):
+        if parse_generation(name) <= gen:
+            volume_store.delete(name)
+    loaded = open_volume(volume_store, Passphrase(PASSPHRASE))
+    assert loaded.base is not None and loaded.base[0] >= gen
+    assert meta_signature(loaded.live) == meta_signature(v.meta)
+    async with session(volume_store) as v2:
+        assert await read_all(v2, await ino_of(v2, "moved")) == b"content 0"
+        assert await read_all(v2, await ino_of(v2, "d/f29")) == b"content 29"
+
+
+async def snapshot_now(volume: Any, store: MemoryStore) -> str:
+    """Write a snapshot of the newest generation (the loop may be writing one already)."""
+    target = volume.commits.generation
+
+    async def done() -> bool:
+        names = store.list(SNAPSHOT_PREFIX)
+        return bool(names) and parse_generation(names[-1]) == target
+
+    with trio.fail_after(10):
+        while not await done():
+            await volume.commits.snapshot()
+            await trio.sleep(0.005)
+    return str(store.list(SNAPSHOT_PREFIX)[-1])
+
+
+async def test_snapshot_never_includes_uncommitted_records(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 10)
+    async with session(volume_store, **QUIET) as v:
+        for k in range(10):
+            await mkfile(v, ROOT_INO, b"c%d" % k)
+        await v.fsync()
+        await mkfile(v, ROOT_INO, b"uncommitted")
+        name = await snapshot_now(v, volume_store)
+        assert parse_generation(name) == v.commits.generation
+        snap = open_volume(volume_store, Passphrase(PASSPHRASE))
+        assert snap.base is not None and snap.base[0] == v.commits.generation
+        assert b"uncommitted" not in snap.live.inodes[ROOT_INO].entries  # type: ignore[operator]
+        assert b"c9" in snap.live.inodes[ROOT_INO].entries  # type: ignore[operator]
+
+
+async def test_second_snapshot_builds_on_the_first(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 10)
+    async with session(volume_store, **QUIET) as v:
+        for round_ in range(3):
+            for k in range(6):
+                await mkfile(v, ROOT_INO, b"r%d-%d" % (round_, k), b"%d" % k)
+            await v.fsync()
+            await snapshot_now(v, volume_store)
+        assert len(volume_store.list(SNAPSHOT_PREFIX)) >= 3
+    for name in segments(volume_store):
+        if parse_generation(name) <= parse_generation(volume_store.list(SNAPSHOT_PREFIX)[-1]):
+            volume_store.delete(name)
+    assert_replay_equals_live(volume_store, v)
+
+
+# -- orphans at mount ------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    pass
+
+
+async def test_orphans_are_purged_at_mount(volume_store: MemoryStore) -> None:
+    with pytest.RaisesGroup(Crash, flatten_subgroups=True):
+        async with mounted(volume_store, **QUIET) as v:
+            fh, attr = await v.create(ROOT_INO, b"tmp", 0o644, RW, UID, GID)
+            await v.write(fh, 0, b"scratch")
+            await v.unlink(ROOT_INO, b"tmp")
+            keep = await mkfile(v, ROOT_INO, b"keep", b"k")
+            await v.fsync()
+            raise Crash  # the process dies holding the unlinked file open
+    state = load(volume_store)
+    assert state.inodes[attr.ino].nlink == 0
+    async with session(volume_store) as v:
+        assert attr.ino not in v.meta.inodes
+        assert keep in v.meta.inodes
+    assert attr.ino not in load(volume_store).inodes
+
+
+async def test_a_crashed_writer_does_not_block_the_next_mount(volume_store: MemoryStore) -> None:
+    with pytest.RaisesGroup(Crash, flatten_subgroups=True):
+        async with mounted(volume_store, **QUIET) as v:
+            f = await mkfile(v, ROOT_INO, b"f", b"durable")
+            await v.fsync()
+            await mkfile(v, ROOT_INO, b"lost", b"never committed")
+            raise Crash
+    state = load(volume_store)
+    assert state.writer is not None and not state.writer.released
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == b"durable"
+        with pytest.raises(FsError):
+            await ino_of(v, "lost")

@@ -1,0 +1,400 @@
+"""File contents through the engine: buffers, early flushes, reads, dedup, CDC continuity."""
+
+from __future__ import annotations
+
+import random
+import threading
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+
+from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.base import ObjectStore
+from sealfs.store.memory import MemoryStore
+from sealfs.volume.engine import Volume
+from sealfs.volume.loader import create_volume
+from tests.conftest import PASSPHRASE, RECOVERY_KEY
+from tests.volume.test_engine import (
+    GID,
+    RW,
+    UID,
+    ino_of,
+    install_cached_unlock,
+    load,
+    mkfile,
+    read_all,
+    session,
+)
+
+MiB = 1 << 20
+WRITE = 128 * 1024
+SMALL = {"flush_threshold": 4 * MiB, "max_buffered": 8 * MiB, "commit_interval": 3600.0}
+
+
+@pytest.fixture(autouse=True)
+def _cached_unlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_cached_unlock(monkeypatch)
+
+
+class GatedStore:
+    """Wraps a store; chunk puts wait while the gate is closed (for racing a flush)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+        self.open.set()
+        self.waiting = 0
+
+    def close_gate(self) -> None:
+        self.open.clear()
+
+    def open_gate(self) -> None:
+        self.open.set()
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/") and not self.open.is_set():
+            self.waiting += 1
+            assert self.open.wait(30), "gate never opened"
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.001)
+
+
+def chunk_objects(store: ObjectStore) -> set[str]:
+    return set(store.list("c/"))
+
+
+def chunk_ids(volume: Volume, ino: int) -> list[bytes]:
+    extents = volume.inode(ino).extents
+    assert extents is not None
+    return [e.chunk for e in extents]
+
+
+def stream(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+async def write_stream(volume: Volume, fh: int, data: bytes, step: int = WRITE) -> int:
+    """Write data sequentially; return the largest buffered_bytes seen after a write."""
+    peak = 0
+    for pos in range(0, len(data), step):
+        await volume.write(fh, pos, data[pos : pos + step])
+        peak = max(peak, volume.files.buffered_bytes)
+    return peak
+
+
+async def test_large_streaming_write_flushes_early_and_stays_bounded(
+    volume_store: ObjectStore,
+) -> None:
+    data = stream(1, 40 * MiB)
+    async with session(volume_store, **SMALL) as v:
+        fh, attr = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+        peak = await write_stream(v, fh, data)
+        assert peak <= SMALL["max_buffered"] + WRITE
+        early = chunk_objects(volume_store)
+        assert len(early) >= 3, "no early flush happened while streaming"
+        assert v.commits.segments_written == 0
+        assert await v.read(fh, 0, len(data)) == data
+        await v.fsync()
+        assert v.files.buffered_bytes == 0
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
+    async with session(volume_store) as v:
+        assert await read_all(v, await ino_of(v, "big")) == data
+
+
+async def test_random_overwrites_match_a_reference(volume_store: ObjectStore) -> None:
+    rng = random.Random(7)
+    size = 12 * MiB
+    ref = bytearray(rng.randbytes(size))
+    async with session(volume_store, **SMALL) as v:
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await write_stream(v, fh, bytes(ref))
+        await v.fsync()
+        for k in range(300):
+            off = rng.randrange(size + 1000)
+            n = rng.choice([1, 100, 4096, 70_000, 300_000, 1_500_000])
+            chunk = rng.randbytes(n)
+            await v.write(fh, off, chunk)
+            if off > len(ref):
+                ref.extend(bytes(off - len(ref)))
+            ref[off : off + n] = chunk
+            if k % 50 == 49:
+                await v.fsync()
+            if k % 20 == 0:
+                lo = rng.randrange(len(ref))
+                assert await v.read(fh, lo, 500_000) == ref[lo : lo + 500_000]
+        assert await v.read(fh, 0, len(ref) + 1) == ref
+        await v.release(fh)
+    async with session(volume_store) as v:
+        assert await read_all(v, attr.ino) == ref
+
+
+async def test_truncate_waits_for_a_running_flush(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    store = GatedStore(memory_store)
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    data = stream(2, 12 * MiB)
+    async with session(store) as v:  # type: ignore[arg-type]
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data)
+        store.close_gate()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                assert v.files.files[attr.ino].flushing is not None
+                await v.write(fh, len(data), b"tail")  # lands in the dirty layer meanwhile
+                nursery.start_soon(partial(v.setattr, attr.ino, size=3 * MiB))
+                await trio.sleep(0.05)
+                assert v.inode(attr.ino).size == len(data) + 4  # the truncate is waiting
+                store.open_gate()
+        finally:
+            store.open_gate()
+        assert v.inode(attr.ino).size == 3 * MiB
+        assert await v.read(fh, 0, len(data)) == data[: 3 * MiB]
+        await v.setattr(attr.ino, size=4 * MiB)
+        expected = data[: 3 * MiB] + bytes(MiB)
+        assert await v.read(fh, 0, len(data)) == expected
+        await v.fsync()
+        await v.release(fh)
+    async with session(memory_store) as v:
+        assert await read_all(v, attr.ino) == expected
+
+
+async def test_reads_during_flushes_see_every_write(volume_store: ObjectStore) -> None:
+    data = stream(3, 24 * MiB)
+    written = 0
+    checked = 0
+
+    async with session(volume_store, **SMALL) as v:
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+
+        async def writer() -> None:
+            nonlocal written
+            for pos in range(0, len(data), WRITE):
+                await v.write(fh, pos, data[pos : pos + WRITE])
+                written = pos + WRITE
+                if pos % (3 * MiB) == 0:
+                    await trio.sleep(0)
+
+        async def reader() -> None:
+            nonlocal checked
+            rng = random.Random(4)
+            while written < len(data):
+                upto = written
+                if upto:
+                    lo = rng.randrange(upto)
+                    n = rng.choice([1, 4096, WRITE, MiB, 3 * MiB])
+                    got = await v.read(fh, lo, n)
+                    assert got[: upto - lo] == data[lo : min(lo + n, upto)]
+                    checked += 1
+                await trio.sleep(0)
+
+        async def syncer() -> None:
+            while written < len(data):
+                await v.fsync()
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            nursery.start_soon(reader)
+            nursery.start_soon(syncer)
+        assert checked > 10
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
+
+
+async def test_same_content_in_two_files_is_uploaded_once(volume_store: MemoryStore) -> None:
+    data = stream(5, 10 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"one", data)
+        await v.fsync()
+        first = chunk_objects(volume_store)
+        puts = volume_store.counts["put"]
+        assert len(first) >= 3
+        await mkfile(v, ROOT_INO, b"two", data)
+        await v.fsync()
+        assert chunk_objects(volume_store) == first
+        assert volume_store.counts["put"] == puts
+        one, two = await ino_of(v, "one"), await ino_of(v, "two")
+        assert chunk_ids(v, one) == chunk_ids(v, two)
+        assert await read_all(v, two) == data
+
+
+@pytest.mark.parametrize("step", [WRITE, MiB], ids=["128k", "1m"])
+@pytest.mark.parametrize("pause", [False, True], ids=["tight-loop", "yielding"])
+@pytest.mark.parametrize("seed", [6, 102])
+async def test_streaming_write_cuts_chunks_as_one_pass(
+    volume_store: ObjectStore, pause: bool, step: int, seed: int
+) -> None:
+    """CDC continuity: early flushes keep the unfinished last chunk back, so a file
+    streamed through a small buffer gets the chunks one whole-buffer flush gives it.
+
+    Regressions: early flushes of regions under 2 * MAX_CHUNK (a writer that yields
+    between writes, as FUSE requests do) and regions whose last CDC window held a
+    single piece were cut at their end instead of keeping the tail back.
+
+    The threshold is at least 2 * MAX_CHUNK: below that, a kept tail alone can exceed
+    half the threshold and must then be sealed (cut) to bound memory, by design."""
+    opts = {"flush_threshold": 8 * MiB, "max_buffered": 16 * MiB, "commit_interval": 3600.0}
+    data = stream(seed, 30 * MiB)
+    async with session(volume_store, **opts) as v:
+        fh, _ = await v.create(ROOT_INO, b"streamed", 0o644, RW, UID, GID)
+        for pos in range(0, len(data), step):
+            await v.write(fh, pos, data[pos : pos + step])
+            if pause:
+                await trio.sleep(0)
+        await v.release(fh)
+    objects = chunk_objects(volume_store)
+    async with session(volume_store) as v:
+        fh, _ = await v.create(ROOT_INO, b"whole", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data)
+        await v.release(fh)
+        await v.fsync()
+        streamed, whole = await ino_of(v, "streamed"), await ino_of(v, "whole")
+        assert chunk_ids(v, streamed) == chunk_ids(v, whole)
+    assert chunk_objects(volume_store) == objects
+
+
+async def test_small_writes_merge_small_extents(volume_store: ObjectStore) -> None:
+    rng = random.Random(8)
+    size = 2 * MiB
+    ref = bytearray(rng.randbytes(size))
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f", bytes(ref))
+        await v.fsync()
+        fh = await v.open(f, RW)
+        counts = []
+        for k in range(1000):
+            off = rng.randrange(size - 100)
+            piece = rng.randbytes(100)
+            await v.write(fh, off, piece)
+            ref[off : off + 100] = piece
+            if k % 4 == 3:
+                await v.fsync()
+                counts.append(len(v.inode(f).extents or []))
+        await v.release(fh)
+        # Every extent is either at least MIN_CHUNK long or lies between two such ones.
+        bound = 2 * (size // MIN_CHUNK) + 2
+        assert max(counts) <= bound, max(counts)
+        assert await read_all(v, f) == ref
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == ref
+
+
+async def test_buffered_bytes_return_to_zero(volume_store: ObjectStore) -> None:
+    async with session(volume_store, **SMALL) as v:
+        for k in range(3):
+            fh, _ = await v.create(ROOT_INO, b"f%d" % k, 0o644, RW, UID, GID)
+            await write_stream(v, fh, stream(k, 5 * MiB))
+            await v.release(fh)
+        await v.unlink(ROOT_INO, b"f1")
+        await v.forget([(await ino_of(v, "f2"), 0)])
+        await v.fsync()
+        assert v.files.buffered_bytes == 0
+    assert load(volume_store).inodes
+
+
+async def gated_volume_store(memory_store: MemoryStore, kdf_params: Any) -> GatedStore:
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    return GatedStore(memory_store)
+
+
+async def test_file_deleted_during_an_early_flush_still_mounts(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """Regression: the early flush queued its data record after the inode's deletion,
+    so the log replayed a write to a missing inode and the volume no longer mounted."""
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store, **SMALL) as v:  # type: ignore[arg-type]
+        fh, attr = await v.create(ROOT_INO, b"doomed", 0o644, RW, UID, GID)
+        keep = await mkfile(v, ROOT_INO, b"keep", b"kept")
+        store.close_gate()
+        try:
+            await v.write(fh, 0, stream(9, 5 * MiB))  # over flush_threshold: early flush
+            await wait_until(lambda: store.waiting > 0)
+            assert v.files.files[attr.ino].flushing is not None
+            await v.release(fh)
+            await v.unlink(ROOT_INO, b"doomed")
+            await v.forget([(attr.ino, 1)])
+            assert attr.ino not in v.meta.inodes
+        finally:
+            store.open_gate()
+        await wait_until(lambda: not v._relieving)
+        await v.fsync()
+        assert v.files.buffered_bytes == 0
+    state = load(memory_store)
+    assert attr.ino not in state.inodes and keep in state.inodes
+
+
+async def test_file_deleted_during_a_commit_flush_keeps_accounting(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store) as v:  # type: ignore[arg-type]
+        fh, attr = await v.create(ROOT_INO, b"doomed", 0o644, RW, UID, GID)
+        await v.write(fh, 0, stream(10, 3 * MiB))
+        store.close_gate()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                await v.write(fh, 3 * MiB, b"more")
+                await v.release(fh)
+                await v.unlink(ROOT_INO, b"doomed")
+                await v.forget([(attr.ino, 1)])
+                assert v.files.buffered_bytes == 0
+                store.open_gate()
+        finally:
+            store.open_gate()
+        assert v.files.buffered_bytes == 0
+        await v.fsync()
+        assert v.files.buffered_bytes == 0
+    assert attr.ino not in load(memory_store).inodes
+
+
+async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_file(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """Regression: with the largest dirty file busy in a commit's flush, the early-flush
+    loop called relieve_pressure back to back (thousands of times a second)."""
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store, **SMALL) as v:  # type: ignore[arg-type]
+        calls = 0
+        relieve = v.commits.relieve_pressure
+
+        async def counting() -> None:
+            nonlocal calls
+            calls += 1
+            await relieve()
+
+        v.commits.relieve_pressure = counting  # type: ignore[method-assign]
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        data = stream(11, 7 * MiB)
+        await v.write(fh, 0, data[:MiB])
+        store.close_gate()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                await v.write(fh, MiB, data[MiB:])  # over flush_threshold, same file
+                await trio.sleep(0.2)
+                assert 1 <= calls <= 3
+                store.open_gate()
+        finally:
+            store.open_gate()
+        await v.fsync()
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
