@@ -76,8 +76,8 @@ class RetryingStore:
             if delay is None:
                 break
             log.warning(
-                "store %s %s failed (attempt %d of %d): %s; retrying in %.2f s",
-                op, name or "-", attempt, self._attempts, last, delay,
+                "store %s %s failed (attempt %d, %.0f s so far): %s; retrying in %.2f s",
+                op, name or "-", attempt, self._clock() - start, last, delay,
             )  # fmt: skip
             self._sleep(delay)
         elapsed = self._clock() - start
