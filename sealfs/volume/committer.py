@@ -28,6 +28,8 @@ from sealfs.volume.loader import Loaded
 
 log = logging.getLogger("sealfs.volume")
 
+SMALL_BATCH = 256  # small files sealed per worker-thread call
+SNAPSHOT_AT_CLOSE_OPS = 2_000  # a clean unmount leaves a snapshot when the log grew this much
 SNAPSHOT_EVERY_OPS = 50_000
 SNAPSHOT_EVERY_BYTES = 32 << 20
 
@@ -210,9 +212,29 @@ class Committer:
                 return
             self._files.finish(job, tail, failed=False)
 
+        async def small(group: list[tuple[Detached, int, bytes]]) -> None:
+            try:
+                await self._files.flush_small(group, batch)
+            except BaseException as exc:
+                for job, _, _ in group:
+                    self._files.finish(job, None, failed=True)
+                if not isinstance(exc, Exception):
+                    raise
+                failure.append(exc)
+                return
+            for job, _, _ in group:
+                self._files.finish(job, None, failed=False)
+
+        smalls: list[tuple[Detached, int, bytes]] = []
         async with trio.open_nursery() as nursery:
             for job in jobs:
-                nursery.start_soon(one, job)
+                piece = self._files.small_piece(job)
+                if piece is None:
+                    nursery.start_soon(one, job)
+                else:
+                    smalls.append((job, *piece))
+            for k in range(0, len(smalls), SMALL_BATCH):
+                nursery.start_soon(small, smalls[k : k + SMALL_BATCH])
         if failure:
             raise failure[0]
 
@@ -264,8 +286,14 @@ class Committer:
                 ) from None
         self._store.sync()
 
-    def snapshot_due(self) -> bool:
+    def snapshot_due(self, *, closing: bool = False) -> bool:
+        """Whether the log since the last snapshot is long enough to compact.
+
+        At a clean unmount the bar is lower: the next mount should not replay.
+        """
         ops_since = sum(len(segment.ops) for segment, _ in self._tail)
+        if closing:
+            return ops_since >= SNAPSHOT_AT_CLOSE_OPS
         bytes_since = sum(len(sealed) for _, sealed in self._tail)
         return ops_since >= SNAPSHOT_EVERY_OPS or bytes_since >= SNAPSHOT_EVERY_BYTES
 

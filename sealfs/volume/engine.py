@@ -23,7 +23,7 @@ from functools import partial
 import trio
 
 from sealfs.chunking.fastcdc import Chunker
-from sealfs.errors import FencedError, FsError
+from sealfs.errors import FencedError, FsError, SealfsError
 from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
@@ -100,6 +100,11 @@ class Volume:
             return
         await self.commits.commit(extra=[release_record(self.loaded)])
         self.read_only = True
+        if self.commits.snapshot_due(closing=True):
+            try:
+                await self.commits.snapshot()
+            except SealfsError as exc:  # everything is committed; only the next mount is slower
+                log.warning("snapshot at unmount failed: %s", exc)
 
     def _spawn(self, fn: partial[object] | object) -> None:
         if self._nursery is not None:

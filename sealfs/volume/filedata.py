@@ -195,6 +195,38 @@ class FileData:
         self.space.set()
         self.space = trio.Event()
 
+    def small_piece(self, job: Detached) -> tuple[int, bytes] | None:
+        """(offset, bytes) when the job is one range below the minimum chunk size with no
+        neighbouring fragment to merge: it becomes one chunk, sealed in a batch."""
+        ranges = job.data.ranges()
+        if len(ranges) != 1 or len(ranges[0][1]) >= MIN_CHUNK:
+            return None
+        start, buf = ranges[0]
+        assert job.inode.extents is not None
+        if _regions(job.data, job.inode.extents) != [Region(start, start + len(buf))]:
+            return None
+        return start, bytes(buf)
+
+    async def flush_small(
+        self, group: list[tuple[Detached, int, bytes]], sink: list[ops.Op]
+    ) -> None:
+        """Seal many small files in one worker-thread call, then record each of them.
+
+        Raises StoreError and friends; then nothing was recorded for any of them.
+        """
+        stored = await self._chunks.store_many([piece for _, _, piece in group], self._meta.chunks)
+        for (job, start, piece), chunk in zip(group, stored, strict=True):
+            if chunk.uploaded and chunk.chunk_id not in self._meta.chunks:
+                record(
+                    self._meta, sink, ops.chunk(chunk.chunk_id, chunk.plain_size, chunk.stored_size)
+                )
+            extent = Extent(start, len(piece), chunk.chunk_id, 0)
+            op = ops.data(job.inode.ino, start, start + len(piece), [extent], job.size)
+            if job.inode.ino in self._meta.inodes:
+                record(self._meta, sink, op)
+            else:
+                sink.append(op)  # deleted meanwhile: the log still needs the history
+
     async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 

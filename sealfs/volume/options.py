@@ -12,5 +12,5 @@ class VolumeOptions:
     read_only: bool = False
     io_threads: int = 8  # store requests and sealing work in flight
     chunk_cache_bytes: int = 64 << 20  # decrypted chunks kept in memory
-    flush_threshold: int = 48 << 20  # buffered bytes that start an early flush
-    max_buffered: int = 128 << 20  # buffered bytes at which writers wait
+    flush_threshold: int = 32 << 20  # buffered bytes that start an early flush
+    max_buffered: int = 96 << 20  # buffered bytes at which writers wait

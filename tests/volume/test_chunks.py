@@ -49,3 +49,29 @@ async def test_a_tampered_chunk_in_the_store_is_an_integrity_error(
         with pytest.raises(IntegrityError, match="c/"):
             await volume.read(fh, 0, 100)
         await volume.release(fh)
+
+
+async def test_many_small_files_in_one_commit_are_sealed_in_batches(
+    volume_store: MemoryStore,
+) -> None:
+    contents = {
+        b"f%03d" % i: (b"same" if i % 3 == 0 else b"unique-%d" % i) * 10 for i in range(600)
+    }
+    async with mounted(volume_store) as volume:
+        for name, data in contents.items():
+            fh, _ = await volume.create(ROOT_INO, name, 0o644, os.O_WRONLY, 0, 0)
+            await volume.write(fh, 0, data)
+            await volume.release(fh)
+        puts_before = volume_store.counts["put"]
+        await volume.fsync()
+        uploads = volume_store.counts["put"] - puts_before
+    # Within a batch identical files upload once; concurrent batches of one commit
+    # may each upload it once more (an idempotent put), never more than that.
+    unique, batches = len(set(contents.values())), 3
+    assert unique <= uploads <= unique + batches - 1
+    async with mounted(volume_store) as volume:
+        for name, data in contents.items():
+            attr = await volume.lookup(ROOT_INO, name)
+            fh = await volume.open(attr.ino, os.O_RDONLY)
+            assert await volume.read(fh, 0, 1000) == data
+            await volume.release(fh)
