@@ -9,23 +9,24 @@ are built by editing the list of record lines.
 
 from __future__ import annotations
 
-import bisect
 import json
 import random
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 GENERATOR_VERSION = 1
 
-_ONSETS = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-           "br", "ch", "cl", "dr", "fr", "gr", "pl", "pr", "sh", "sp", "st", "th", "tr"]  # fmt: skip
+_ONSETS = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v",
+           "w", "br", "ch", "cl", "dr", "fr", "gr", "pl", "pr", "sh", "sp", "st", "th",
+           "tr"]  # fmt: skip
 _NUCLEI = ["a", "e", "i", "o", "u", "ai", "ea", "ee", "ou", "io", "y"]
 _CODAS = ["", "", "", "n", "r", "s", "t", "l", "nd", "st", "ng", "ck", "rt", "m", "x"]
 _KINDS = ["observation", "reflection", "plan", "tool_result", "user_message", "summary"]
 _TOOLS = ["web_search", "python", "shell", "read_file", "write_file", "browser", "sql", "none"]
 
 
-def _vocabulary(rng: random.Random, size: int = 6000) -> tuple[list[str], list[float]]:
+def _vocabulary(rng: random.Random, size: int = 20000) -> tuple[list[str], list[float]]:
     """Pseudo-English words with Zipf weights (text compresses about as English does)."""
     words: list[str] = []
     seen: set[str] = set()
@@ -39,58 +40,64 @@ def _vocabulary(rng: random.Random, size: int = 6000) -> tuple[list[str], list[f
     cum: list[float] = []
     total = 0.0
     for rank in range(1, size + 1):
-        total += 1.0 / rank**1.05
+        total += 1.0 / rank
         cum.append(total)
     return words, cum
 
 
 class RecordMaker:
-    """Makes memory records; record(i, rev) is a pure function of (seed, i, rev)."""
+    """Makes memory records; record(i, rev) is a pure function of (seed, i, rev).
+
+    Text is a slice of a long pool of words drawn once from the vocabulary,
+    so making a record costs a few random numbers, not one per word.
+    """
+
+    POOL_WORDS = 1 << 22
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self.words, self.cum = _vocabulary(random.Random(seed))
-        self._total = self.cum[-1]
-        self.tags = self.words[:400:7]
+        rng = random.Random(seed)
+        words, cum = _vocabulary(rng)
+        self.tags = words[:400:7]
+        pool = rng.choices(words, cum_weights=cum, k=self.POOL_WORDS)
+        for k in range(0, len(pool), 11):
+            j = k + rng.randrange(11)
+            if j < len(pool):
+                pool[j] += "."
+                if j + 1 < len(pool):
+                    pool[j + 1] = pool[j + 1].capitalize()
+        self.pool = pool
 
     def _text(self, rng: random.Random, n: int) -> str:
-        words, cum, total = self.words, self.cum, self._total
-        picks = [words[bisect.bisect(cum, rng.random() * total)] for _ in range(n)]
-        out = []
-        sentence = rng.randint(6, 18)
-        for k, w in enumerate(picks):
-            if k == 0 or sentence == 0:
-                w = w.capitalize()
-                sentence = rng.randint(6, 18)
-            sentence -= 1
-            out.append(w + ("." if sentence == 0 else ""))
-        return " ".join(out) + "."
+        at = rng.randrange(len(self.pool) - n)
+        text = " ".join(self.pool[at : at + n])
+        return text[0].upper() + text[1:] + "."
 
     def record(self, i: int, rev: int = 0) -> bytes:
+        """One record as compact JSON (formatted by hand: json.dumps of floats is slow)."""
         rng = random.Random((self.seed << 40) ^ (i << 8) ^ rev)
+        bits = rng.getrandbits
         ts = 1_790_000_000 + i * 7 + rev * 86_400
-        rec = {
-            "id": f"mem-{i:09d}",
-            "uuid": rng.getrandbits(128).to_bytes(16, "big").hex(),
-            "rev": rev,
-            "kind": _KINDS[rng.randrange(len(_KINDS))],
-            "created_at": f"2026-{1 + ts // 2_600_000 % 12:02d}-{1 + ts // 86_400 % 28:02d}T"
-            f"{ts // 3600 % 24:02d}:{ts // 60 % 60:02d}:{ts % 60:02d}.{rng.randrange(1000):03d}Z",
-            "agent": f"agent-{rng.randrange(16):02d}",
-            "session": f"sess-{i // 500:06d}",
-            "importance": round(rng.random(), 4),
-            "access_count": rng.randrange(200),
-            "text": self._text(rng, rng.randint(40, 190)),
-            "tags": rng.sample(self.tags, rng.randint(1, 4)),
-            "embedding": [round(rng.gauss(0, 0.3), 4) for _ in range(12)],
-            "source": {
-                "tool": _TOOLS[rng.randrange(len(_TOOLS))],
-                "tokens": rng.randrange(20, 4000),
-                "latency_ms": round(rng.expovariate(1 / 300), 1),
-                "ok": rng.random() > 0.05,
-            },
-        }
-        return json.dumps(rec, separators=(",", ":")).encode()
+        created = (
+            f"2026-{1 + ts // 2_600_000 % 12:02d}-{1 + ts // 86_400 % 28:02d}T"
+            f"{ts // 3600 % 24:02d}:{ts // 60 % 60:02d}:{ts % 60:02d}.{bits(10) % 1000:03d}Z"
+        )
+        embedding = ",".join(_FLOATS[v] for v in struct.unpack("24H", rng.randbytes(48)))
+        tags = ",".join(f'"{t}"' for t in rng.sample(self.tags, 1 + bits(2)))
+        text = json.dumps(self._text(rng, 40 + bits(8) % 150))
+        return (
+            f'{{"id":"mem-{i:09d}","uuid":"{bits(128):032x}","rev":{rev},'
+            f'"kind":"{_KINDS[bits(8) % len(_KINDS)]}","created_at":"{created}",'
+            f'"agent":"agent-{bits(4):02d}","session":"sess-{i // 500:06d}",'
+            f'"importance":{bits(14) / 16384:.4f},"access_count":{bits(8) % 200},'
+            f'"text":{text},"tags":[{tags}],"embedding":[{embedding}],'
+            f'"source":{{"tool":"{_TOOLS[bits(3)]}","tokens":{20 + bits(12)},'
+            f'"latency_ms":{bits(16) / 100:.1f},"ok":{"true" if bits(5) else "false"}}}}}'
+        ).encode()
+
+
+# 16-bit values as embedding components, roughly normal, pre-formatted.
+_FLOATS = [f"{(((v >> 8) + (v & 255)) - 255) / 300:.4f}" for v in range(65536)]
 
 
 @dataclass
