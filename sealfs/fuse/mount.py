@@ -61,7 +61,7 @@ def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None
 async def _main(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:
     async with volume.running(), trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
-        _tune_read_ahead(mountpoint)
+        nursery.start_soon(_keep_read_ahead, mountpoint)
         on_ready()
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         nursery.cancel_scope.cancel()
@@ -83,6 +83,17 @@ def _check_mountpoint(mountpoint: str) -> None:
         raise ConfigError(f"mountpoint {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
         raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
+
+
+async def _keep_read_ahead(mountpoint: str) -> None:
+    """Raise read-ahead once the kernel has processed FUSE_INIT's reply.
+
+    The kernel sets the mount's read-ahead from that reply, so a value written
+    before the loop answers INIT is lost; writing it again shortly after sticks.
+    """
+    for delay in (0.1, 0.5, 2.0):
+        await trio.sleep(delay)
+        _tune_read_ahead(mountpoint)
 
 
 def _tune_read_ahead(mountpoint: str) -> None:

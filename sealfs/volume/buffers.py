@@ -1,7 +1,8 @@
 """Write-back buffers: the bytes written to a file and not yet sealed into chunks.
 
-Kept as sorted, non-overlapping, non-adjacent ranges so that a sequential
-writer appends to one growing bytearray instead of allocating per request.
+Kept as sorted, non-overlapping ranges (writes merge the ranges they touch)
+so that a sequential writer appends to one growing bytearray instead of
+allocating per request.
 """
 
 from __future__ import annotations
@@ -65,17 +66,29 @@ class SparseBuffer:
         self.nbytes += grow
 
     def write_under(self, offset: int, data: Bytes) -> None:
-        """Record data only where nothing is buffered (older bytes never hide newer ones)."""
+        """Record data only where nothing is buffered (older bytes never hide newer ones).
+
+        Each gap becomes a range of its own, even where it touches a neighbour:
+        merging would copy that neighbour, which after an early flush is the
+        whole growing buffer of a streaming writer (tens of MiB per flush).
+        """
         pos, end = offset, offset + len(data)
         view = memoryview(data)
         for start, buf in self.ranges():
             if start >= end:
                 break
             if start > pos:
-                self.write(pos, view[pos - offset : start - offset])
+                self._insert(pos, view[pos - offset : start - offset])
             pos = max(pos, start + len(buf))
         if pos < end:
-            self.write(pos, view[pos - offset :])
+            self._insert(pos, view[pos - offset :])
+
+    def _insert(self, offset: int, data: Bytes) -> None:
+        """Add a range over a gap (the caller guarantees nothing is buffered there)."""
+        i = bisect_left(self._starts, offset)
+        self._starts.insert(i, offset)
+        self._datas.insert(i, bytearray(data))
+        self.nbytes += len(data)
 
     def overlay(self, out: bytearray | memoryview, offset: int) -> None:
         """Copy the buffered bytes that fall inside [offset, offset + len(out)) into out."""

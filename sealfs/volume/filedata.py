@@ -48,7 +48,6 @@ class FileBuffers:
     dirty: SparseBuffer = field(default_factory=SparseBuffer)
     flushing: SparseBuffer | None = None
     idle: trio.Event = field(default_factory=_set_event)  # set while nothing is flushing
-    last_read_end: int = -1
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,7 @@ class FileData:
         self._chunks = chunks
         self._chunker = chunker
         self._spawn = spawn
+        self._read_pos: dict[int, int] = {}  # where each file's last read ended
         self.files: dict[int, FileBuffers] = {}
         self.buffered_bytes = 0  # dirty plus flushing, across files
         self.space = trio.Event()  # set when buffered_bytes drops
@@ -138,8 +138,7 @@ class FileData:
             ]
         for layer in layers:
             layer.overlay(out, offset)
-        if fb is not None:
-            self._readahead(inode.extents, fb, offset, end)
+        self._readahead(inode.ino, inode.extents, offset, end)
         return bytes(out)
 
     async def _fetch(self, pieces: list[Extent]) -> list[bytes]:
@@ -157,9 +156,16 @@ class FileData:
                     nursery.start_soon(one, cid)
         return [got[p.chunk] for p in pieces]
 
-    def _readahead(self, extents: ExtentMap, fb: FileBuffers, offset: int, end: int) -> None:
-        sequential = offset == fb.last_read_end
-        fb.last_read_end = end
+    def _readahead(self, ino: int, extents: ExtentMap, offset: int, end: int) -> None:
+        """Prefetch the next chunks when a file is read sequentially.
+
+        Read positions are kept apart from write buffers: most files read after
+        a mount were never written in it.
+        """
+        sequential = self._read_pos.get(ino) == offset
+        self._read_pos[ino] = end
+        if len(self._read_pos) > 4096:  # bounded: forget the oldest readers
+            del self._read_pos[next(iter(self._read_pos))]
         if not sequential:
             return
         for piece in extents.pieces(end, end + READAHEAD):
