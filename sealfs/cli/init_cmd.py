@@ -7,7 +7,7 @@ import os
 import sys
 
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
-from sealfs.cli.secrets import get_passphrase
+from sealfs.cli.secrets import get_passphrase, write_new_secret_file
 from sealfs.cli.unlock import add_s3_options
 from sealfs.errors import ConfigError
 from sealfs.keys.kdf import MIN_MEMORY_KIB, Argon2Params, calibrate
@@ -55,19 +55,6 @@ def _kdf(args: argparse.Namespace) -> Argon2Params:
     return params
 
 
-def _write_new_file(path: str, text: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise ConfigError(
-            f"{path} already exists: choose a new file for the recovery key"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-
-
 def run(args: argparse.Namespace) -> int:
     store = open_store(args.store, s3_endpoint=args.s3_endpoint, default_cache=False)
     if is_s3_url(args.store):
@@ -82,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         recovery = generate_recovery_key()
         text = format_recovery_key(recovery)
         if args.recovery_key_file:
-            _write_new_file(args.recovery_key_file, text)  # before the volume: never lose it
+            write_new_secret_file(args.recovery_key_file, text)  # before the volume: never lose it
         try:
             header = create_volume(store, passphrase, kdf, recovery, extra_slots=extra_slots)
         except BaseException:

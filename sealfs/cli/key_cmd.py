@@ -25,6 +25,7 @@ from sealfs.cli.keysource import (
     token_slot_maker,
     unlock_header,
 )
+from sealfs.cli.secrets import write_new_secret_file
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError, ObjectNotFoundError, PreconditionFailedError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -260,19 +261,6 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_new_file(path: str, text: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise ConfigError(
-            f"{path} already exists: choose a new file for the recovery key"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-
-
 def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
     passphrase = get_new_passphrase(args.new_passphrase_file)
     return passphrase_slot_maker(passphrase, init_cmd._kdf(args))
@@ -285,7 +273,9 @@ def run_add(args: argparse.Namespace) -> int:
         recovery = generate_recovery_key()
         text = format_recovery_key(recovery)
         if args.new_recovery_key_file:
-            _write_new_file(args.new_recovery_key_file, text)  # before the header: never lose it
+            write_new_secret_file(
+                args.new_recovery_key_file, text
+            )  # before the header: never lose it
         try:
             _, new = change_header(
                 store, unlocker, lambda u: add_slot(u, recovery_slot_maker(recovery))[0]

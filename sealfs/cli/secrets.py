@@ -71,3 +71,20 @@ def get_passphrase(explicit_file: str | None, *, confirm: bool) -> bytes:
     if confirm and getpass.getpass("Passphrase (again): ").encode() != first:
         raise ConfigError("the two passphrases differ: nothing was created")
     return normalize_passphrase(first)
+
+
+def write_new_secret_file(path: str, text: str) -> None:
+    """Write a new secret (a recovery key) to a file only its owner can read.
+
+    Refuses to overwrite: a recovery key that replaced another would lose it.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(
+            f"{path} already exists: choose a new file for the recovery key"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
