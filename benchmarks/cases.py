@@ -35,6 +35,7 @@ from benchmarks.util import (
     median,
     percentile,
     proc_status,
+    process_cpu,
     py_spy,
     timed,
     tree_bytes,
@@ -190,26 +191,39 @@ def bench_seq(ctx: Context) -> list[Figure]:
                                       better=HIGHER)  # fmt: skip
         figures[f"r-{kind}"] = Figure("sequential", f"cold read {label} {kind}", "MB/s",
                                       better=HIGHER)  # fmt: skip
+        figures[f"wc-{kind}"] = Figure("sequential", f"daemon CPU per GiB, write {kind}", "s",
+                                       better=LOWER)  # fmt: skip
+        figures[f"rc-{kind}"] = Figure("sequential", f"daemon CPU per GiB, cold read {kind}",
+                                       "s", better=LOWER)  # fmt: skip
     for name in ctx.targets:
         with ctx.target(name, "seq") as t:
             for kind, _ in kinds:
                 payload = payloads[kind]
                 path = t.path / f"seq-{kind}.bin"
+                c0 = process_cpu(t.daemon_pid())
                 with ctx.profiled(t, f"seq-write-{kind}"):
                     secs = write_file(path, payload)
+                c1 = process_cpu(t.daemon_pid())
                 figures[f"w-{kind}"].values[name] = len(payload) / secs / MB
+                if c0 is not None and c1 is not None:
+                    figures[f"wc-{kind}"].values[name] = (c1 - c0) * GiB / len(payload)
                 log(f"seq: {name} wrote {kind} at {len(payload) / secs / MB:.0f} MB/s")
                 t.cold()
+                c0 = process_cpu(t.daemon_pid())
                 with ctx.profiled(t, f"seq-read-{kind}"):
                     secs = read_file(path, payload)
+                c1 = process_cpu(t.daemon_pid())
                 figures[f"r-{kind}"].values[name] = len(payload) / secs / MB
+                if c0 is not None and c1 is not None:
+                    figures[f"rc-{kind}"].values[name] = (c1 - c0) * GiB / len(payload)
                 log(f"seq: {name} read {kind} cold at {len(payload) / secs / MB:.0f} MB/s")
                 path.unlink()
     del payloads
     ctx.forget_data()
-    out = list(figures.values())
+    out = [figures[f"{k}-{kind}"] for kind, _ in kinds for k in ("w", "r", "wc", "rc")]
     for fig in out:
-        fig.judge(lambda v: v[SEALFS] >= v[GOCRYPTFS], ">= gocryptfs")
+        if fig.unit == "MB/s":
+            fig.judge(lambda v: v[SEALFS] >= v[GOCRYPTFS], ">= gocryptfs")
     return out
 
 

@@ -118,6 +118,18 @@ def proc_status(pid: int, key: str) -> int | None:
     return None
 
 
+def process_cpu(pid: int | None) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used so far, or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler:
     """Polls a process's VmRSS in a thread; peak is the largest value seen."""
 
