@@ -24,6 +24,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--recovery-key-file", help="write the recovery key to this new file instead of printing it"
     )
+    add_kdf_options(p)
+    add_init_key_options(p)  # --kms-key-id, --pkcs11-* (sealfs/cli/keysource.py)
+    p.set_defaults(run=run)
+
+
+def add_kdf_options(p: argparse.ArgumentParser) -> None:
+    """Argon2id cost options, shared by init and the passphrase key commands."""
     p.add_argument(
         "--kdf-memory",
         type=int,
@@ -36,11 +43,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="Argon2id passes (default: calibrated to about 0.5 s)",
     )
-    add_init_key_options(p)  # --kms-key-id, --pkcs11-* (sealfs/cli/keysource.py)
-    p.set_defaults(run=run)
 
 
-def _kdf(args: argparse.Namespace) -> Argon2Params:
+def kdf_params(args: argparse.Namespace) -> Argon2Params:
+    """The Argon2id parameters the options of add_kdf_options ask for. Raises ConfigError."""
     if args.kdf_memory is not None and args.kdf_memory * 1024 < MIN_MEMORY_KIB:
         raise ConfigError(
             f"--kdf-memory {args.kdf_memory} is below the minimum of {MIN_MEMORY_KIB // 1024} MiB"
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         # With a KMS key or a token and no passphrase source: no passphrase slot.
         with_passphrase = not extra_slots or passphrase_configured(args)
         passphrase = get_passphrase(args.passphrase_file, confirm=True) if with_passphrase else None
-        kdf = _kdf(args) if with_passphrase else None
+        kdf = kdf_params(args) if with_passphrase else None
         recovery = generate_recovery_key()
         text = format_recovery_key(recovery)
         if args.recovery_key_file:

@@ -31,7 +31,6 @@ from sealfs.errors import ConfigError, FormatError, ObjectNotFoundError, Precond
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
 from sealfs.keys.header import HEADER_NAME, Keyslot, VolumeHeader, decode_header
 from sealfs.keys.hsm import params_from_slot as token_params
-from sealfs.keys.kdf import MIN_MEMORY_KIB
 from sealfs.keys.kms import params_from_slot as kms_params
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
 from sealfs.keys.slots import (
@@ -168,15 +167,7 @@ def _passphrase_options(p: argparse.ArgumentParser) -> None:
         help="read the new passphrase from this file (or SEALFS_NEW_PASSPHRASE_FILE=FILE,"
         " or the sealfs-new-passphrase systemd credential; else asked twice)",
     )
-    p.add_argument(
-        "--kdf-memory",
-        type=int,
-        metavar="MIB",
-        help=f"Argon2id memory in MiB (at least {MIN_MEMORY_KIB // 1024}; default: calibrated)",
-    )
-    p.add_argument(
-        "--kdf-iterations", type=int, metavar="N", help="Argon2id passes (default: calibrated)"
-    )
+    init_cmd.add_kdf_options(p)
 
 
 def _new_slot_options(p: argparse.ArgumentParser) -> None:
@@ -263,7 +254,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
     passphrase = get_new_passphrase(args.new_passphrase_file)
-    return passphrase_slot_maker(passphrase, init_cmd._kdf(args))
+    return passphrase_slot_maker(passphrase, init_cmd.kdf_params(args))
 
 
 def run_add(args: argparse.Namespace) -> int:
