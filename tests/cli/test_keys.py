@@ -258,8 +258,8 @@ def test_tampered_header_is_refused(env: VolumeEnv, tmp_path: Path, tamper: str)
 
 def _s3_store() -> Any:
     """The stack `sealfs key` uses on s3:// (retries over S3), on the run's moto server."""
-    server = pytest.importorskip("tests.s3.server", reason="S3 support is not there")
     from sealfs.store.url import open_store  # noqa: PLC0415
+    from tests.s3 import server  # noqa: PLC0415 - starts moto only for the tests that need it
 
     url = f"s3://{server.new_bucket()}/vol"
     return open_store(url, s3_endpoint=server.moto_endpoint(), default_cache=False)

@@ -16,6 +16,7 @@ import pytest
 
 from tests.fuse.test_posix import manifest, remount
 from tests.mounts import VolumeEnv
+from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(90)]
 
@@ -145,8 +146,7 @@ def git_env(home: Path) -> dict[str, str]:
 
 
 def test_git_repository(mounted_env: VolumeEnv, tmp_path: Path) -> None:
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+    require(shutil.which("git") is not None, "git is not installed")
     env = git_env(tmp_path / "home")
     repo = mounted_env.mnt / "repo"
 

@@ -30,6 +30,7 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
 from tests.conftest import mounted
 from tests.mounts import VolumeEnv
+from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(60)]
 
@@ -927,8 +928,10 @@ print(json.dumps(results))
 
 
 def test_permissions_are_enforced_for_other_users(volume_env: VolumeEnv) -> None:
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        pytest.skip(f"{SYSTEM_PYTHON} is needed to run a probe as another user")
+    require(
+        os.access(SYSTEM_PYTHON, os.X_OK),
+        f"{SYSTEM_PYTHON} is needed to run a probe as another user",
+    )
     volume_env.mount("--allow-other")
     try:
         mnt = volume_env.mnt

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.keys.hsm import Pin, TokenKey, create_token_key
+from tests.prereq import require, require_module
 
 SOFTHSM_MODULE_PATHS = (
     "/usr/lib/softhsm/libsofthsm2.so",
@@ -56,10 +57,12 @@ def softhsm(tmp_path_factory: pytest.TempPathFactory) -> SoftHsm:
     the whole session: SoftHSM reads it once, when the library is first loaded)."""
     if "made" in _MADE:  # imported into two test packages: pytest may ask twice
         return _MADE["made"]
-    pytest.importorskip("pkcs11", reason="python-pkcs11 is not installed")
+    require_module("pkcs11", "python-pkcs11 is not installed")
     module = next((m for m in SOFTHSM_MODULE_PATHS if os.path.exists(m)), None)
-    if module is None or shutil.which("softhsm2-util") is None:
-        pytest.skip("SoftHSM2 is not installed (apt-get install softhsm2)")
+    require(
+        module is not None and shutil.which("softhsm2-util") is not None,
+        "SoftHSM2 is not installed (apt-get install softhsm2)",
+    )
     root = tmp_path_factory.mktemp("softhsm")
     (root / "tokens").mkdir()
     conf = root / "softhsm2.conf"

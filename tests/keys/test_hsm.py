@@ -31,6 +31,7 @@ from sealfs.keys.slots import (
     unlock,
 )
 from tests.keys.softhsm import SoftHsm
+from tests.prereq import require_module
 
 RECOVERY = bytes(range(32))
 
@@ -71,7 +72,7 @@ def test_round_trip(softhsm: SoftHsm) -> None:
 
 
 def test_token_key_never_leaves_the_token(softhsm: SoftHsm) -> None:
-    pkcs11 = pytest.importorskip("pkcs11")
+    pkcs11 = require_module("pkcs11", "python-pkcs11 is not installed")
     where = softhsm.new_key()
     lib = pkcs11.lib(softhsm.module)
     with lib.get_token(token_label=softhsm.token).open(user_pin=softhsm.pin().value.decode()) as s:

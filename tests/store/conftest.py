@@ -22,6 +22,7 @@ from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
 from sealfs.store.s3 import S3Store
+from tests.prereq import require
 from tests.s3.server import moto_endpoint, new_bucket
 
 
@@ -92,8 +93,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
 @contextlib.contextmanager
 def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
     """Mount a tmpfs of the given size at path (root only), unmounting afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill a disk needs root")
+    require(os.geteuid() == 0, "mounting a tmpfs to fill a disk needs root")
     path.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
@@ -101,8 +101,7 @@ def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
         text=True,
         check=False,
     )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    require(result.returncode == 0, f"cannot mount a tmpfs here: {result.stderr.strip()}")
     try:
         yield path
     finally:
