@@ -22,6 +22,10 @@ class Chunker:
     def __init__(self, seed: int) -> None:
         self._seed = seed
 
+    def reseed(self, seed: int) -> None:
+        """Cut with another secret seed from now on (a rekey's new epoch)."""
+        self._seed = seed
+
     def cut(self, data: bytes | bytearray | memoryview) -> list[int]:
         """Return the lengths of the chunks that data splits into (they sum to len(data)).
 

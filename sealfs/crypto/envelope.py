@@ -160,3 +160,19 @@ def open_object(
         raise IntegrityError(f"object has key epoch {header.epoch}, expected {epoch}")
     body = memoryview(data)[HEADER_SIZE:]
     return header.flags, aead.open_sealed(key, body, header.raw + binding)
+
+
+def reseal(
+    old_key: bytes,
+    new_key: bytes,
+    new_epoch: int,
+    kind: ObjectKind,
+    binding: bytes,
+    data: bytes | memoryview,
+) -> bytes:
+    """The same payload (flags and all, so nothing is recompressed) sealed under a new epoch.
+
+    Raises what open_object raises for data: a damaged object is never re-sealed.
+    """
+    flags, body = open_object(old_key, kind, binding, data)
+    return seal_object(new_key, kind, binding, body, flags=flags, epoch=new_epoch)

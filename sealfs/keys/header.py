@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -41,7 +41,10 @@ _PREFIX = struct.Struct(">8sHI")
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 _BODY_KEYS = frozenset({"volume_id", "created_ns", "data_epoch", "slots"})
 # Optional: written by every keyslot change, so that a removed slot's id is never reused.
-_OPTIONAL_BODY_KEYS = frozenset({"next_slot_id"})
+_OPTIONAL_BODY_KEYS = frozenset({"next_slot_id", "retired"})
+_RETIRED_KEYS = frozenset({"epoch", "nonce", "wrapped_key"})
+RETIRED_NONCE_SIZE = 12
+RETIRED_WRAPPED_SIZE = 48  # a 32-byte master key and a 16-byte GCM tag
 _SLOT_KEYS = frozenset({"id", "kind", "params", "nonce", "wrapped_key"})
 
 
@@ -57,6 +60,15 @@ class Keyslot:
 
 
 @dataclass(frozen=True)
+class RetiredKey:
+    """The master key of epoch `epoch`, AES-GCM-wrapped under the current one."""
+
+    epoch: int
+    nonce: bytes
+    wrapped_key: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
 class VolumeHeader:
     """The decoded contents of sealfs.vol."""
 
@@ -68,6 +80,9 @@ class VolumeHeader:
     # Lowest slot id never used; None in headers no keyslot change has touched
     # (then it is max(slot ids) + 1). See first_free_slot_id.
     next_slot_id: int | None = None
+    # The previous epoch's master key, wrapped under this one, while a rekey
+    # re-seals the objects of that epoch; None otherwise (see keys/rekey.py).
+    retired: RetiredKey | None = None
 
 
 def first_free_slot_id(header: VolumeHeader) -> int:
@@ -119,6 +134,9 @@ def encode_header(header: VolumeHeader, header_mac_key: bytes) -> bytes:
     }
     if header.next_slot_id is not None:
         fields["next_slot_id"] = header.next_slot_id
+    if header.retired is not None:
+        r = header.retired
+        fields["retired"] = {"epoch": r.epoch, "nonce": r.nonce, "wrapped_key": r.wrapped_key}
     body = pack_canonical(fields)
     data = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body
     # Refuse to write what we would refuse to read.
@@ -221,7 +239,22 @@ def _parse_body(raw: Any) -> VolumeHeader:
         or (_is_int(next_id, 0, MAX_SLOT_ID + 1) and next_id > max(s.slot_id for s in slots)),
         "next_slot_id is not above every keyslot id",
     )
-    return VolumeHeader(FORMAT_VERSION, volume_id, created_ns, slots, epoch, next_id)
+    retired = _parse_retired(raw["retired"], epoch) if "retired" in raw else None
+    return VolumeHeader(FORMAT_VERSION, volume_id, created_ns, slots, epoch, next_id, retired)
+
+
+def _parse_retired(raw: Any, epoch: int) -> RetiredKey:
+    _require(isinstance(raw, dict) and set(raw) == _RETIRED_KEYS, "malformed retired key")
+    old, nonce, wrapped = raw["epoch"], raw["nonce"], raw["wrapped_key"]
+    _require(
+        _is_int(old, 0, MAX_EPOCH) and old < epoch, "retired key epoch is not below the data epoch"
+    )
+    _require(isinstance(nonce, bytes) and len(nonce) == RETIRED_NONCE_SIZE, "bad retired key nonce")
+    _require(
+        isinstance(wrapped, bytes) and len(wrapped) == RETIRED_WRAPPED_SIZE,
+        "bad retired wrapped key",
+    )
+    return RetiredKey(old, nonce, wrapped)
 
 
 def decode_header(data: bytes) -> VolumeHeader:

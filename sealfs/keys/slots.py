@@ -95,6 +95,8 @@ class Unlocked:
     master_key: bytes = field(repr=False)
     subkeys: Subkeys = field(repr=False)
     slot_id: int
+    # What opened it, so that a rekey can wrap the new master key for the same secret.
+    secret: Secret | None = field(default=None, repr=False, compare=False)
 
 
 def new_master_key() -> bytes:
@@ -330,4 +332,4 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
     slot_id, master_key = opened
     subkeys = derive_subkeys(master_key, header.volume_id)
     verify_header_mac(header_bytes, subkeys.header_mac_key)
-    return Unlocked(header, master_key, subkeys, slot_id)
+    return Unlocked(header, master_key, subkeys, slot_id, secret)

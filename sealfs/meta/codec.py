@@ -1,8 +1,10 @@
 """Log segments and snapshots as sealed objects: names, payloads, hash chain.
 
-A segment carries the records of one commit and the SHA-256 of the sealed
-bytes of the segment before it, so the log is a hash chain: a reader that
-has seen generation N can tell whether a later store still extends it. A
+A segment carries the records of one commit and the SHA-256 of the payload
+of the segment before it, so the log is a hash chain: a reader that has seen
+generation N can tell whether a later store still extends it. The chain
+hashes payloads, not sealed bytes, so that a rekey can re-seal the log under
+a new key epoch without breaking it. A
 snapshot carries the whole MetaState as of one generation, so mount need
 not replay the log from the beginning.
 """
@@ -24,6 +26,8 @@ from sealfs.crypto.envelope import (
     open_object,
     seal_object,
 )
+from sealfs.crypto.keyring import KeyRing
+from sealfs.crypto.subkeys import Subkeys
 from sealfs.errors import FormatError
 from sealfs.meta import ops
 from sealfs.meta.extents import ExtentMap
@@ -52,9 +56,7 @@ def parse_generation(name: str) -> int:
     return int(digits)
 
 
-def sealed_hash(sealed: bytes) -> bytes:
-    """What the next segment records as prev: SHA-256 of the exact sealed bytes."""
-    return hashlib.sha256(sealed).digest()
+SealKeys = tuple[int, Subkeys]  # the epoch to seal under and its subkeys
 
 
 @dataclass(frozen=True)
@@ -65,27 +67,39 @@ class Segment:
     ops: list[ops.Op]
 
 
-def encode_segment(meta_key: bytes, volume_id: bytes, segment: Segment) -> bytes:
+@dataclass(frozen=True)
+class LoggedSegment:
+    """A committed segment as the log keeps it in memory."""
+
+    segment: Segment
+    digest: bytes  # SHA-256 of its payload: what the next segment records as prev
+    size: int  # of its sealed object
+
+
+def encode_segment(keys: SealKeys, volume_id: bytes, segment: Segment) -> tuple[bytes, bytes]:
+    """Seal a segment; return (sealed bytes, payload digest for the chain)."""
     payload = {
         "gen": segment.generation,
         "prev": segment.prev_hash,
         "time": segment.time_ns,
         "ops": segment.ops,
     }
-    return _seal(meta_key, volume_id, ObjectKind.SEGMENT, segment.generation, payload)
+    return _seal(keys, volume_id, ObjectKind.SEGMENT, segment.generation, payload)
 
 
-def decode_segment(meta_key: bytes, volume_id: bytes, generation: int, sealed: bytes) -> Segment:
+def decode_segment(
+    ring: KeyRing, volume_id: bytes, generation: int, sealed: bytes
+) -> LoggedSegment:
     """Open and parse l/<generation>. Raises IntegrityError, FormatError."""
-    payload = _open(meta_key, volume_id, ObjectKind.SEGMENT, generation, sealed)
+    payload, digest = _open(ring, volume_id, ObjectKind.SEGMENT, generation, sealed)
     gen, prev, time_ns, records = _fields(payload, ("gen", int), ("prev", bytes), ("time", int),
                                           ("ops", list))  # fmt: skip
     if gen != generation or len(prev) != 32:
         raise FormatError(f"log segment {generation} is inconsistent with its name")
-    return Segment(gen, prev, time_ns, records)
+    return LoggedSegment(Segment(gen, prev, time_ns, records), digest, len(sealed))
 
 
-def encode_snapshot(meta_key: bytes, volume_id: bytes, state: MetaState) -> bytes:
+def encode_snapshot(keys: SealKeys, volume_id: bytes, state: MetaState) -> bytes:
     payload = {
         "gen": state.generation,
         "head": state.head_hash,
@@ -95,12 +109,12 @@ def encode_snapshot(meta_key: bytes, volume_id: bytes, state: MetaState) -> byte
         "inodes": [_inode_row(inode) for inode in state.inodes.values()],
         "chunks": [[cid, c.plain_size, c.stored_size] for cid, c in state.chunks.items()],
     }
-    return _seal(meta_key, volume_id, ObjectKind.SNAPSHOT, state.generation, payload)
+    return _seal(keys, volume_id, ObjectKind.SNAPSHOT, state.generation, payload)[0]
 
 
-def decode_snapshot(meta_key: bytes, volume_id: bytes, generation: int, sealed: bytes) -> MetaState:
+def decode_snapshot(ring: KeyRing, volume_id: bytes, generation: int, sealed: bytes) -> MetaState:
     """Open and parse s/<generation> into a MetaState. Raises IntegrityError, FormatError."""
-    payload = _open(meta_key, volume_id, ObjectKind.SNAPSHOT, generation, sealed)
+    payload, _ = _open(ring, volume_id, ObjectKind.SNAPSHOT, generation, sealed)
     gen, head, time_ns, next_ino, rows, chunk_rows = _fields(
         payload, ("gen", int), ("head", bytes), ("time", int), ("next_ino", int),
         ("inodes", list), ("chunks", list),
@@ -163,26 +177,36 @@ def _chunk_from_row(row: object) -> tuple[bytes, ChunkInfo]:
     return row[0], ChunkInfo(row[1], row[2])
 
 
-def _seal(meta_key: bytes, volume_id: bytes, kind: ObjectKind, gen: int, payload: Any) -> bytes:
+def _seal(
+    keys: SealKeys, volume_id: bytes, kind: ObjectKind, gen: int, payload: Any
+) -> tuple[bytes, bytes]:
+    epoch, subkeys = keys
     raw = msgpack.packb(payload, use_bin_type=True)
     packed = maybe_compress(raw, _LEVEL)
     binding = generation_binding(volume_id, gen)
+    digest = hashlib.sha256(raw).digest()
     if packed is None:
-        return seal_object(meta_key, kind, binding, raw)
-    return seal_object(meta_key, kind, binding, packed, flags=FLAG_ZSTD)
+        return seal_object(subkeys.meta_key, kind, binding, raw, epoch=epoch), digest
+    sealed = seal_object(subkeys.meta_key, kind, binding, packed, flags=FLAG_ZSTD, epoch=epoch)
+    return sealed, digest
 
 
-def _open(meta_key: bytes, volume_id: bytes, kind: ObjectKind, gen: int, sealed: bytes) -> Any:
-    flags, body = open_object(meta_key, kind, generation_binding(volume_id, gen), sealed)
+def _open(
+    ring: KeyRing, volume_id: bytes, kind: ObjectKind, gen: int, sealed: bytes
+) -> tuple[Any, bytes]:
+    epoch, subkeys = ring.keys_for(sealed)
+    binding = generation_binding(volume_id, gen)
+    flags, body = open_object(subkeys.meta_key, kind, binding, sealed, epoch=epoch)
     if flags & FLAG_ZSTD:
         body = decompress(body, MAX_METADATA_SIZE)
+    digest = hashlib.sha256(body).digest()
     try:
         payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise FormatError(f"undecodable metadata payload: {exc}") from None
     if not isinstance(payload, dict):
         _bad("payload")
-    return payload
+    return payload, digest
 
 
 def _fields(payload: dict[str, Any], *spec: tuple[str, type]) -> list[Any]:

@@ -7,19 +7,23 @@ sizes and records may run ahead of what is committed.
 
 from __future__ import annotations
 
-from sealfs.meta.codec import Segment, decode_snapshot, encode_snapshot
+from sealfs.crypto.keyring import KeyRing
+from sealfs.meta.codec import LoggedSegment, SealKeys, decode_snapshot, encode_snapshot
 from sealfs.meta.model import MetaState
 from sealfs.meta.replay import replay_segment
 
 Snapshot = tuple[int, bytes]  # generation and sealed bytes
-SealedSegment = tuple[Segment, bytes]
 
 
 def compact(
-    meta_key: bytes, volume_id: bytes, base: Snapshot | None, tail: list[SealedSegment]
+    ring: KeyRing,
+    keys: SealKeys,
+    volume_id: bytes,
+    base: Snapshot | None,
+    tail: list[LoggedSegment],
 ) -> Snapshot:
-    """Replay tail onto base and seal the result as a snapshot of the last generation."""
-    state = MetaState() if base is None else decode_snapshot(meta_key, volume_id, *base)
-    for segment, sealed in tail:
-        replay_segment(state, segment, sealed)
-    return state.generation, encode_snapshot(meta_key, volume_id, state)
+    """Replay tail onto base (read with ring) and seal the result under keys."""
+    state = MetaState() if base is None else decode_snapshot(ring, volume_id, *base)
+    for logged in tail:
+        replay_segment(state, logged)
+    return state.generation, encode_snapshot(keys, volume_id, state)

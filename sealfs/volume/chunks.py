@@ -19,7 +19,7 @@ from sealfs.chunking.compress import decompress, maybe_compress
 from sealfs.chunking.fastcdc import MAX_CHUNK
 from sealfs.crypto.envelope import FLAG_ZSTD, ObjectKind, chunk_binding, open_object, seal_object
 from sealfs.crypto.ids import chunk_id as keyed_chunk_id
-from sealfs.crypto.subkeys import Subkeys
+from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.store.base import ObjectStore
 
@@ -73,35 +73,39 @@ class Chunks:
         self,
         store: ObjectStore,
         volume_id: bytes,
-        subkeys: Subkeys,
+        keys: KeyRing,
         limiter: trio.CapacityLimiter,
         cache_bytes: int = 64 << 20,
     ) -> None:
         self._store = store
         self._volume_id = volume_id
-        self._keys = subkeys
+        self._keys = keys
         self._limiter = limiter
         self.cache = PlainCache(cache_bytes)
         self._inflight: dict[bytes, trio.Event] = {}
         self.uploaded_bytes = 0
 
-    def identify(self, plaintext: bytes | memoryview) -> bytes:
-        return keyed_chunk_id(self._keys.chunk_id_key, plaintext)
-
     def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
-        """Worker-thread body: id, dedup check, compress, seal, upload."""
-        cid = self.identify(plaintext)
-        if cid in known:
-            return StoredChunk(cid, len(plaintext), 0, uploaded=False)
-        packed = maybe_compress(plaintext)
-        binding = chunk_binding(self._volume_id, cid)
-        if packed is None:
-            sealed = seal_object(self._keys.chunk_key, ObjectKind.CHUNK, binding, plaintext)
-        else:
-            sealed = seal_object(
-                self._keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD
-            )
-        self._store.put(chunk_name(cid), sealed)
+        """Worker-thread body: id, dedup check, compress, seal, upload.
+
+        Ids are keyed per epoch too, so after a rekey new data never shares a
+        chunk with data of the old epoch (its ids were made with the old key).
+        """
+        with self._keys.sealing() as (epoch, keys):
+            cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
+            if cid in known:
+                return StoredChunk(cid, len(plaintext), 0, uploaded=False)
+            packed = maybe_compress(plaintext)
+            binding = chunk_binding(self._volume_id, cid)
+            if packed is None:
+                sealed = seal_object(
+                    keys.chunk_key, ObjectKind.CHUNK, binding, plaintext, epoch=epoch
+                )
+            else:
+                sealed = seal_object(
+                    keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD, epoch=epoch
+                )
+            self._store.put(chunk_name(cid), sealed)
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
 
     async def store(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -114,7 +118,8 @@ class Chunks:
 
     def _open(self, chunk_id: bytes, sealed: bytes) -> bytes:
         binding = chunk_binding(self._volume_id, chunk_id)
-        flags, body = open_object(self._keys.chunk_key, ObjectKind.CHUNK, binding, sealed)
+        epoch, keys = self._keys.keys_for(sealed)
+        flags, body = open_object(keys.chunk_key, ObjectKind.CHUNK, binding, sealed, epoch=epoch)
         return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
 
     def _seal_and_put_many(self, pieces: list[bytes], known: Container[bytes]) -> list[StoredChunk]:

@@ -21,7 +21,7 @@ import trio
 
 from sealfs.errors import FencedError, ObjectExistsError, SealfsError
 from sealfs.meta import ops
-from sealfs.meta.codec import Segment, encode_segment, sealed_hash, segment_name, snapshot_name
+from sealfs.meta.codec import LoggedSegment, Segment, encode_segment, segment_name, snapshot_name
 from sealfs.meta.compact import compact
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded
@@ -42,7 +42,7 @@ class Committer:
     ) -> None:
         self._store = loaded.store
         self._volume_id = loaded.volume_id
-        self._meta_key = loaded.subkeys.meta_key
+        self._keys = loaded.keys
         self._loaded = loaded
         self._live = loaded.live
         self.generation = 0
@@ -64,7 +64,8 @@ class Committer:
         self._done = trio.Event()
         self._failure: BaseException | None = None
         self.fenced: FencedError | None = None
-        self._unsure: tuple[Segment, bytes] | None = None  # a segment create that may have landed
+        # A segment create that may have landed: (segment, sealed, digest).
+        self._unsure: tuple[Segment, bytes, bytes] | None = None
         self.last_commit_ns = loaded.live.committed_ns
         self.segments_written = 0
 
@@ -242,19 +243,20 @@ class Committer:
         if self._unsure is not None:
             # The last segment create failed, but it may have taken effect (a lost reply):
             # publish those very bytes again first, so that finding them is not a fence.
-            segment, sealed = self._unsure
+            segment, sealed, digest = self._unsure
             assert batch[: len(segment.ops)] == segment.ops  # its records were requeued first
-            await self._publish(segment, sealed)
+            await self._publish(segment, sealed, digest)
             del batch[: len(segment.ops)]  # committed now: never requeued
             if not batch:
                 return
         segment = Segment(self.generation + 1, self._head_hash, time.time_ns(), batch)
-        sealed = await trio.to_thread.run_sync(
-            encode_segment, self._meta_key, self._volume_id, segment, limiter=self._limiter
-        )
-        await self._publish(segment, sealed)
+        with self._keys.sealing() as keys:  # in use until published: see KeyRing
+            sealed, digest = await trio.to_thread.run_sync(
+                encode_segment, keys, self._volume_id, segment, limiter=self._limiter
+            )
+            await self._publish(segment, sealed, digest)
 
-    async def _publish(self, segment: Segment, sealed: bytes) -> None:
+    async def _publish(self, segment: Segment, sealed: bytes, digest: bytes) -> None:
         try:
             await trio.to_thread.run_sync(
                 self._publish_sync, segment.generation, sealed, limiter=self._limiter
@@ -264,13 +266,13 @@ class Committer:
             log.error("%s", exc)
             raise
         except BaseException:
-            self._unsure = (segment, sealed)
+            self._unsure = (segment, sealed, digest)
             raise
         self._unsure = None
-        self.generation, self._head_hash = segment.generation, sealed_hash(sealed)
+        self.generation, self._head_hash = segment.generation, digest
         self.last_commit_ns = segment.time_ns
         self.segments_written += 1
-        self._tail.append((segment, sealed))
+        self._tail.append(LoggedSegment(segment, digest, len(sealed)))
 
     def _publish_sync(self, generation: int, sealed: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
@@ -291,10 +293,10 @@ class Committer:
 
         At a clean unmount the bar is lower: the next mount should not replay.
         """
-        ops_since = sum(len(segment.ops) for segment, _ in self._tail)
+        ops_since = sum(len(logged.segment.ops) for logged in self._tail)
         if closing:
             return ops_since >= SNAPSHOT_AT_CLOSE_OPS
-        bytes_since = sum(len(sealed) for _, sealed in self._tail)
+        bytes_since = sum(logged.size for logged in self._tail)
         return ops_since >= SNAPSHOT_EVERY_OPS or bytes_since >= SNAPSHOT_EVERY_BYTES
 
     async def snapshot(self) -> None:
@@ -308,16 +310,23 @@ class Committer:
         self._compacting = True
         try:
             tail = list(self._tail)
-            gen, sealed = await trio.to_thread.run_sync(
-                compact, self._meta_key, self._volume_id, self._base, tail, limiter=self._limiter
-            )
-            name = snapshot_name(gen)
-            with contextlib.suppress(ObjectExistsError):  # a remount already wrote it
-                await trio.to_thread.run_sync(
-                    self._store.put_if_absent, name, sealed, limiter=self._limiter
-                )
+            with self._keys.sealing() as keys:
+                gen, sealed = await trio.to_thread.run_sync(
+                    compact, self._keys, keys, self._volume_id, self._base, tail,
+                    limiter=self._limiter,
+                )  # fmt: skip
+                name = snapshot_name(gen)
+                with contextlib.suppress(ObjectExistsError):  # a remount already wrote it
+                    await trio.to_thread.run_sync(
+                        self._store.put_if_absent, name, sealed, limiter=self._limiter
+                    )
             self._base = (gen, sealed)
             del self._tail[: len(tail)]
             log.info("wrote snapshot %s (%d bytes)", name, len(sealed))
         finally:
             self._compacting = False
+
+    def resealed(self, generation: int, sealed: bytes) -> None:
+        """A rekey re-sealed s/<generation>: compaction must start from the new bytes."""
+        if self._base is not None and self._base[0] == generation:
+            self._base = (generation, sealed)

@@ -63,11 +63,10 @@ class Volume:
         self.store = loaded.store
         self._limiter = trio.CapacityLimiter(options.io_threads)
         self.chunks = Chunks(
-            loaded.store, loaded.volume_id, loaded.subkeys, self._limiter, options.chunk_cache_bytes
+            loaded.store, loaded.volume_id, loaded.keys, self._limiter, options.chunk_cache_bytes
         )
-        self.files = FileData(
-            self.meta, self.chunks, Chunker(loaded.subkeys.chunker_seed), self._spawn
-        )
+        self._chunker = Chunker(loaded.keys.current.chunker_seed)
+        self.files = FileData(self.meta, self.chunks, self._chunker, self._spawn)
         self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)
         self.read_only = options.read_only
         self._nursery: trio.Nursery | None = None

@@ -19,7 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sealfs.crypto.subkeys import Subkeys, derive_subkeys
+from sealfs.crypto.keyring import KeyRing
+from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import (
     FormatError,
     IntegrityError,
@@ -31,6 +32,7 @@ from sealfs.errors import (
 )
 from sealfs.keys.header import HEADER_NAME, VolumeHeader, decode_header
 from sealfs.keys.kdf import Argon2Params
+from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import (
     Secret,
     SlotMaker,
@@ -44,6 +46,7 @@ from sealfs.meta import ops
 from sealfs.meta.codec import (
     SEGMENT_PREFIX,
     SNAPSHOT_PREFIX,
+    LoggedSegment,
     Segment,
     decode_segment,
     decode_snapshot,
@@ -51,7 +54,7 @@ from sealfs.meta.codec import (
     parse_generation,
     segment_name,
 )
-from sealfs.meta.compact import SealedSegment, Snapshot
+from sealfs.meta.compact import Snapshot
 from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
 from sealfs.store.base import ObjectStore
@@ -66,10 +69,10 @@ class Loaded:
 
     store: ObjectStore
     header: VolumeHeader
-    subkeys: Subkeys = field(repr=False)
+    keys: KeyRing = field(repr=False)
     live: MetaState
     base: Snapshot | None  # newest snapshot, for compaction
-    tail: list[SealedSegment]  # segments after it
+    tail: list[LoggedSegment]  # segments after it
     writer: WriterInfo | None = None  # ours, once claimed
 
     @property
@@ -110,7 +113,7 @@ def create_volume(
         size=0, atime_ns=now, mtime_ns=now, ctime_ns=now, rdev=0, parent=ROOT_INO, target=b"",
     )  # fmt: skip
     first = Segment(1, bytes(32), now, [root])
-    store.put_if_absent(segment_name(1), encode_segment(subkeys.meta_key, volume_id, first))
+    store.put_if_absent(segment_name(1), encode_segment((0, subkeys), volume_id, first)[0])
     store.sync()
     store.put_if_absent(HEADER_NAME, header_bytes)
     store.sync()
@@ -135,20 +138,22 @@ def open_volume(store: ObjectStore, secret: Secret) -> Loaded:
 
 def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
     """Load the newest committed state of a volume whose header is already unlocked."""
-    meta_key, volume_id = unlocked.subkeys.meta_key, unlocked.header.volume_id
-    base, state = _load_snapshot(store, meta_key, volume_id)
-    tail: list[SealedSegment] = []
+    header = unlocked.header
+    ring = KeyRing(header.data_epoch, unlocked.subkeys, open_retired(header, unlocked.master_key))
+    volume_id = header.volume_id
+    base, state = _load_snapshot(store, ring, volume_id)
+    tail: list[LoggedSegment] = []
     names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
     with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
         for name, sealed in fetched:
             gen = parse_generation(name)
             try:
-                segment = decode_segment(meta_key, volume_id, gen, sealed)
+                logged = decode_segment(ring, volume_id, gen, sealed)
             except (IntegrityError, FormatError) as exc:
                 raise type(exc)(f"log segment {name} is damaged: {exc}") from None
-            replay_segment(state, segment, sealed)
-            tail.append((segment, sealed))
-    return Loaded(store, unlocked.header, unlocked.subkeys, state, base, tail)
+            replay_segment(state, logged)
+            tail.append(logged)
+    return Loaded(store, header, ring, state, base, tail)
 
 
 def _fetch_in_order(
@@ -180,7 +185,7 @@ def _fetch_in_order(
 
 
 def _load_snapshot(
-    store: ObjectStore, meta_key: bytes, volume_id: bytes
+    store: ObjectStore, ring: KeyRing, volume_id: bytes
 ) -> tuple[Snapshot | None, MetaState]:
     names = store.list(SNAPSHOT_PREFIX)
     if not names:
@@ -188,7 +193,7 @@ def _load_snapshot(
     gen = parse_generation(names[-1])
     sealed = store.get(names[-1])
     try:
-        return (gen, sealed), decode_snapshot(meta_key, volume_id, gen, sealed)
+        return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
     except (IntegrityError, FormatError) as exc:
         raise type(exc)(f"snapshot {names[-1]} is damaged: {exc}") from None
 
@@ -223,16 +228,18 @@ def claim_writer(loaded: Loaded) -> WriterInfo:
     records = [ops.writer(info)]
     records += [ops.del_inode(ino) for ino, inode in state.inodes.items() if inode.nlink == 0]
     segment = Segment(state.generation + 1, state.head_hash, time.time_ns(), records)
-    sealed = encode_segment(loaded.subkeys.meta_key, loaded.volume_id, segment)
-    try:
-        loaded.store.put_if_absent(segment_name(segment.generation), sealed)
-    except ObjectExistsError:
-        raise WriterConflictError(
-            "another writer committed to the volume while it was being mounted: try again"
-        ) from None
+    with loaded.keys.sealing() as keys:
+        sealed, digest = encode_segment(keys, loaded.volume_id, segment)
+        try:
+            loaded.store.put_if_absent(segment_name(segment.generation), sealed)
+        except ObjectExistsError:
+            raise WriterConflictError(
+                "another writer committed to the volume while it was being mounted: try again"
+            ) from None
     loaded.store.sync()
-    replay_segment(state, segment, sealed)
-    loaded.tail.append((segment, sealed))
+    logged = LoggedSegment(segment, digest, len(sealed))
+    replay_segment(state, logged)
+    loaded.tail.append(logged)
     loaded.writer = info
     return info
 

@@ -12,9 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sealfs.crypto.envelope import ObjectKind
+from sealfs.crypto.keyring import KeyRing
+from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import FormatError, IntegrityError
 from sealfs.meta import ops
 from sealfs.meta.codec import (
+    LoggedSegment,
     Segment,
     _seal,
     decode_segment,
@@ -29,8 +32,10 @@ from sealfs.meta.extents import Extent
 from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
 
-META_KEY = bytes(range(32))
 VOLUME_ID = bytes(range(16))
+SUBKEYS = derive_subkeys(bytes(range(32)), VOLUME_ID)
+KEYS = (0, SUBKEYS)
+RING = KeyRing(0, SUBKEYS)
 
 
 def state_signature(state: MetaState) -> dict[str, Any]:
@@ -85,24 +90,27 @@ def sample_records() -> list[ops.Op]:
     ]
 
 
-def build_segments(batches: list[list[ops.Op]], start_gen: int = 1) -> list[tuple[Segment, bytes]]:
+def build_segments(
+    batches: list[list[ops.Op]], start_gen: int = 1
+) -> list[tuple[LoggedSegment, bytes]]:
     """Seal consecutive segments with a correct hash chain."""
     out = []
     prev = bytes(32)
     state = MetaState()
     for k, batch in enumerate(batches):
         seg = Segment(start_gen + k, prev, 1000 + k, batch)
-        sealed = encode_segment(META_KEY, VOLUME_ID, seg)
-        replay_segment(state, seg, sealed)
+        sealed, digest = encode_segment(KEYS, VOLUME_ID, seg)
+        logged = LoggedSegment(seg, digest, len(sealed))
+        replay_segment(state, logged)
         prev = state.head_hash
-        out.append((seg, sealed))
+        out.append((logged, sealed))
     return out
 
 
 def test_segment_round_trip() -> None:
     seg = Segment(7, os.urandom(32), 123456789, sample_records())
-    sealed = encode_segment(META_KEY, VOLUME_ID, seg)
-    assert decode_segment(META_KEY, VOLUME_ID, 7, sealed) == seg
+    sealed = encode_segment(KEYS, VOLUME_ID, seg)[0]
+    assert decode_segment(RING, VOLUME_ID, 7, sealed).segment == seg
 
 
 @settings(max_examples=50)
@@ -110,64 +118,64 @@ def test_segment_round_trip() -> None:
 def test_segment_round_trip_of_arbitrary_xattr_records(values: list[bytes]) -> None:
     records = [ops.set_xattr(2, b"user.%d" % k, v) for k, v in enumerate(values)]
     seg = Segment(3, bytes(32), 1, records)
-    sealed = encode_segment(META_KEY, VOLUME_ID, seg)
-    assert decode_segment(META_KEY, VOLUME_ID, 3, sealed) == seg
+    sealed = encode_segment(KEYS, VOLUME_ID, seg)[0]
+    assert decode_segment(RING, VOLUME_ID, 3, sealed).segment == seg
 
 
 def test_snapshot_round_trip() -> None:
     state = MetaState()
-    for seg, sealed in build_segments([sample_records()[:6], sample_records()[6:]]):
-        replay_segment(state, seg, sealed)
-    sealed = encode_snapshot(META_KEY, VOLUME_ID, state)
-    back = decode_snapshot(META_KEY, VOLUME_ID, state.generation, sealed)
+    for logged, _ in build_segments([sample_records()[:6], sample_records()[6:]]):
+        replay_segment(state, logged)
+    sealed = encode_snapshot(KEYS, VOLUME_ID, state)
+    back = decode_snapshot(RING, VOLUME_ID, state.generation, sealed)
     assert state_signature(back) == state_signature(state)
 
 
 def test_snapshot_of_an_empty_state_round_trips() -> None:
     state = MetaState()
-    sealed = encode_snapshot(META_KEY, VOLUME_ID, state)
-    assert state_signature(decode_snapshot(META_KEY, VOLUME_ID, 0, sealed)) == state_signature(
-        state
-    )
+    sealed = encode_snapshot(KEYS, VOLUME_ID, state)
+    assert state_signature(decode_snapshot(RING, VOLUME_ID, 0, sealed)) == state_signature(state)
 
 
 @settings(max_examples=60)
 @given(st.data())
 def test_tampered_segment_is_refused(data: st.DataObject) -> None:
-    sealed = encode_segment(META_KEY, VOLUME_ID, Segment(4, bytes(32), 1, sample_records()))
+    sealed = encode_segment(KEYS, VOLUME_ID, Segment(4, bytes(32), 1, sample_records()))[0]
     pos = data.draw(st.integers(0, len(sealed) - 1))
     bit = data.draw(st.integers(0, 7))
     tampered = bytearray(sealed)
     tampered[pos] ^= 1 << bit
     with pytest.raises((IntegrityError, FormatError)):
-        decode_segment(META_KEY, VOLUME_ID, 4, bytes(tampered))
+        decode_segment(RING, VOLUME_ID, 4, bytes(tampered))
 
 
 @settings(max_examples=30)
 @given(st.integers(0, 200))
 def test_truncated_snapshot_is_refused(cut: int) -> None:
     state = MetaState()
-    for seg, sealed in build_segments([sample_records()]):
-        replay_segment(state, seg, sealed)
-    sealed = encode_snapshot(META_KEY, VOLUME_ID, state)
+    for logged, _ in build_segments([sample_records()]):
+        replay_segment(state, logged)
+    sealed = encode_snapshot(KEYS, VOLUME_ID, state)
     with pytest.raises((IntegrityError, FormatError)):
-        decode_snapshot(META_KEY, VOLUME_ID, 1, sealed[: min(cut, len(sealed) - 1)])
+        decode_snapshot(RING, VOLUME_ID, 1, sealed[: min(cut, len(sealed) - 1)])
 
 
 def test_objects_are_bound_to_name_kind_key_and_volume() -> None:
     seg = Segment(4, bytes(32), 1, sample_records())
-    sealed = encode_segment(META_KEY, VOLUME_ID, seg)
+    sealed = encode_segment(KEYS, VOLUME_ID, seg)[0]
     with pytest.raises(IntegrityError):
-        decode_segment(META_KEY, VOLUME_ID, 5, sealed)  # moved to another generation
+        decode_segment(RING, VOLUME_ID, 5, sealed)  # moved to another generation
     with pytest.raises(IntegrityError):
-        decode_segment(META_KEY, bytes(16), 4, sealed)  # another volume
+        decode_segment(RING, bytes(16), 4, sealed)  # another volume
     with pytest.raises(IntegrityError):
-        decode_segment(bytes(32), VOLUME_ID, 4, sealed)  # another key
+        decode_segment(
+            KeyRing(0, derive_subkeys(bytes(32), VOLUME_ID)), VOLUME_ID, 4, sealed
+        )  # another key
     with pytest.raises((IntegrityError, FormatError)):
-        decode_snapshot(META_KEY, VOLUME_ID, 4, sealed)  # a segment is not a snapshot
-    snap = encode_snapshot(META_KEY, VOLUME_ID, MetaState(generation=4))
+        decode_snapshot(RING, VOLUME_ID, 4, sealed)  # a segment is not a snapshot
+    snap = encode_snapshot(KEYS, VOLUME_ID, MetaState(generation=4))
     with pytest.raises((IntegrityError, FormatError)):
-        decode_segment(META_KEY, VOLUME_ID, 4, snap)
+        decode_segment(RING, VOLUME_ID, 4, snap)
 
 
 def test_names_are_fixed_width_and_sort_by_generation() -> None:
@@ -183,7 +191,7 @@ def test_names_are_fixed_width_and_sort_by_generation() -> None:
 
 
 def sealed_payload(kind: ObjectKind, gen: int, payload: object) -> bytes:
-    return _seal(META_KEY, VOLUME_ID, kind, gen, payload)
+    return _seal(KEYS, VOLUME_ID, kind, gen, payload)[0]
 
 
 @pytest.mark.parametrize(
@@ -200,7 +208,7 @@ def sealed_payload(kind: ObjectKind, gen: int, payload: object) -> bytes:
 )
 def test_malformed_segment_payload_is_a_format_error(payload: object) -> None:
     with pytest.raises(FormatError):
-        decode_segment(META_KEY, VOLUME_ID, 3, sealed_payload(ObjectKind.SEGMENT, 3, payload))
+        decode_segment(RING, VOLUME_ID, 3, sealed_payload(ObjectKind.SEGMENT, 3, payload))
 
 
 msgpack_values = st.recursive(
@@ -226,7 +234,7 @@ def test_malformed_snapshot_rows_are_format_errors(
         "inodes": rows, "chunks": chunk_rows,
     }  # fmt: skip
     with contextlib.suppress(FormatError):
-        decode_snapshot(META_KEY, VOLUME_ID, 2, sealed_payload(ObjectKind.SNAPSHOT, 2, payload))
+        decode_snapshot(RING, VOLUME_ID, 2, sealed_payload(ObjectKind.SNAPSHOT, 2, payload))
 
 
 @settings(max_examples=200)
@@ -239,4 +247,4 @@ def test_snapshot_inode_row_with_one_bad_field_is_a_format_error(index: int, val
         "inodes": [row], "chunks": [],
     }  # fmt: skip
     with contextlib.suppress(FormatError):
-        decode_snapshot(META_KEY, VOLUME_ID, 2, sealed_payload(ObjectKind.SNAPSHOT, 2, payload))
+        decode_snapshot(RING, VOLUME_ID, 2, sealed_payload(ObjectKind.SNAPSHOT, 2, payload))

@@ -10,15 +10,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sealfs.crypto.envelope import ObjectKind, generation_binding, reseal
+from sealfs.crypto.keyring import KeyRing
+from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import FormatError, IntegrityError
 from sealfs.meta import ops
-from sealfs.meta.codec import Segment, decode_snapshot, encode_segment
+from sealfs.meta.codec import (
+    LoggedSegment,
+    Segment,
+    decode_segment,
+    decode_snapshot,
+    encode_segment,
+)
 from sealfs.meta.compact import compact
 from sealfs.meta.extents import Extent
 from sealfs.meta.model import ROOT_INO, MetaState
 from sealfs.meta.replay import replay_segment
 from tests.meta.test_codec import (
-    META_KEY,
+    KEYS,
+    RING,
     VOLUME_ID,
     build_segments,
     inode_record,
@@ -136,10 +146,10 @@ def test_data_record_sets_size_on_replay_but_not_live() -> None:
 def test_replay_applies_segments_in_order_and_tracks_the_chain() -> None:
     segments = build_segments([sample_records()[:4], sample_records()[4:]])
     state = MetaState()
-    for seg, sealed in segments:
-        replay_segment(state, seg, sealed)
+    for logged, _ in segments:
+        replay_segment(state, logged)
     assert state.generation == 2
-    assert state.committed_ns == segments[-1][0].time_ns
+    assert state.committed_ns == segments[-1][0].segment.time_ns
     assert state.inodes[3].size == 150
     assert state.next_ino == 6
 
@@ -147,28 +157,51 @@ def test_replay_applies_segments_in_order_and_tracks_the_chain() -> None:
 def test_replay_rejects_a_gap() -> None:
     segments = build_segments([sample_records(), [ops.set_xattr(ROOT_INO, b"a", b"1")], []])
     state = MetaState()
-    replay_segment(state, *segments[0])
+    replay_segment(state, segments[0][0])
     with pytest.raises(IntegrityError, match="missing"):
-        replay_segment(state, *segments[2])
+        replay_segment(state, segments[2][0])
     assert state.generation == 1
     with pytest.raises(IntegrityError):
-        replay_segment(state, *segments[0])  # a replay of an old segment is a gap too
+        replay_segment(state, segments[0][0])  # a replay of an old segment is a gap too
 
 
 def test_replay_rejects_a_broken_hash_chain() -> None:
     first, second = build_segments([sample_records(), [ops.set_xattr(3, b"a", b"1")]])
     state = MetaState()
-    replay_segment(state, *first)
-    forged = Segment(2, bytes(32), 5, second[0].ops)
+    replay_segment(state, first[0])
+    forged = Segment(2, bytes(32), 5, second[0].segment.ops)
+    sealed, digest = encode_segment(KEYS, VOLUME_ID, forged)
     with pytest.raises(IntegrityError, match="hash chain"):
-        replay_segment(state, forged, encode_segment(META_KEY, VOLUME_ID, forged))
-    # The right prev hash but other sealed bytes for segment 1: the chain is checked on
-    # the exact bytes, so a re-sealed first segment breaks it as well.
-    resealed = encode_segment(META_KEY, VOLUME_ID, first[0])
+        replay_segment(state, LoggedSegment(forged, digest, len(sealed)))
+    # Segment 1 with the same records but another commit time: the chain breaks.
+    other_first = Segment(1, bytes(32), first[0].segment.time_ns + 1, first[0].segment.ops)
+    sealed, digest = encode_segment(KEYS, VOLUME_ID, other_first)
     other = MetaState()
-    replay_segment(other, first[0], resealed)
+    replay_segment(other, LoggedSegment(other_first, digest, len(sealed)))
     with pytest.raises(IntegrityError, match="hash chain"):
-        replay_segment(other, *second)
+        replay_segment(other, second[0])
+
+
+def test_chain_survives_resealing_under_a_new_key_epoch() -> None:
+    """The chain hashes payloads, so a rekey can re-seal the log without breaking it."""
+    (_, first_sealed), (_, second_sealed) = build_segments(
+        [sample_records(), [ops.set_xattr(3, b"a", b"1")]]
+    )
+    new_keys = derive_subkeys(bytes(32), VOLUME_ID)
+    ring = KeyRing(0, KEYS[1])
+    ring.advance(1, new_keys)
+    binding = generation_binding(VOLUME_ID, 1)
+    resealed = reseal(
+        KEYS[1].meta_key, new_keys.meta_key, 1, ObjectKind.SEGMENT, binding, first_sealed
+    )
+    assert resealed != first_sealed
+    state = MetaState()
+    replay_segment(state, decode_segment(ring, VOLUME_ID, 1, resealed))
+    replay_segment(state, decode_segment(ring, VOLUME_ID, 2, second_sealed))
+    assert state.generation == 2
+    ring.drop_retired()
+    with pytest.raises(IntegrityError, match="key epoch 0"):
+        decode_segment(ring, VOLUME_ID, 2, second_sealed)
 
 
 @settings(max_examples=40, deadline=None)
@@ -186,21 +219,21 @@ def test_compact_equals_replay_of_the_whole_log(split: int, split2: int) -> None
         ])  # fmt: skip
     segments = build_segments(batches)
     live = MetaState()
-    for seg, sealed in segments:
-        replay_segment(live, seg, sealed)
+    for logged, _ in segments:
+        replay_segment(live, logged)
 
     lo, hi = sorted((split, split2))
-    base = compact(META_KEY, VOLUME_ID, None, segments[:lo]) if lo else None
-    mid = compact(META_KEY, VOLUME_ID, base, segments[lo:hi]) if hi > lo else base
-    gen, sealed = compact(META_KEY, VOLUME_ID, mid, segments[hi:])
+    logged = [seg for seg, _ in segments]
+    base = compact(RING, KEYS, VOLUME_ID, None, logged[:lo]) if lo else None
+    mid = compact(RING, KEYS, VOLUME_ID, base, logged[lo:hi]) if hi > lo else base
+    gen, sealed = compact(RING, KEYS, VOLUME_ID, mid, logged[hi:])
     assert gen == live.generation
-    assert state_signature(decode_snapshot(META_KEY, VOLUME_ID, gen, sealed)) == state_signature(
-        live
-    )
+    assert state_signature(decode_snapshot(RING, VOLUME_ID, gen, sealed)) == state_signature(live)
 
 
 def test_compact_refuses_a_tail_that_does_not_follow_the_base() -> None:
     segments = build_segments([sample_records(), [], []])
-    base = compact(META_KEY, VOLUME_ID, None, segments[:1])
+    logged = [seg for seg, _ in segments]
+    base = compact(RING, KEYS, VOLUME_ID, None, logged[:1])
     with pytest.raises(IntegrityError):
-        compact(META_KEY, VOLUME_ID, base, segments[2:])
+        compact(RING, KEYS, VOLUME_ID, base, logged[2:])
