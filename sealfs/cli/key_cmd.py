@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from sealfs.cli import init_cmd
@@ -27,9 +26,9 @@ from sealfs.cli.keysource import (
 )
 from sealfs.cli.secrets import write_new_secret_file
 from sealfs.cli.unlock import add_unlock_options, store_from
-from sealfs.errors import ConfigError, FormatError, ObjectNotFoundError, PreconditionFailedError
+from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
-from sealfs.keys.header import HEADER_NAME, Keyslot, VolumeHeader, decode_header
+from sealfs.keys.header import Keyslot, VolumeHeader, decode_header
 from sealfs.keys.hsm import params_from_slot as token_params
 from sealfs.keys.kms import params_from_slot as kms_params
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
@@ -45,56 +44,10 @@ from sealfs.keys.slots import (
     recovery_slot_maker,
 )
 from sealfs.store.base import ObjectStore
+from sealfs.volume.header_io import HeaderVersion, read_header_version, write_header
 from sealfs.volume.loader import read_header
 
 ADD_KINDS = (KIND_PASSPHRASE, KIND_RECOVERY, KIND_AWS_KMS, KIND_PKCS11)
-READ_ATTEMPTS = 5
-
-
-# --- reading and replacing the header atomically
-
-
-@dataclass(frozen=True)
-class HeaderVersion:
-    """The header's bytes and the etag of exactly that version."""
-
-    data: bytes
-    etag: str
-
-
-def read_header_version(store: ObjectStore) -> HeaderVersion:
-    """Read the header with its etag (stat, get, stat: retried if it changed in between)."""
-    for _ in range(READ_ATTEMPTS):
-        try:
-            before = store.stat(HEADER_NAME).etag
-        except ObjectNotFoundError:
-            read_header(store)  # NotAVolumeError, unless it appeared meanwhile
-            continue
-        data = read_header(store)
-        try:
-            after = store.stat(HEADER_NAME).etag
-        except ObjectNotFoundError:
-            continue
-        if before == after:
-            return HeaderVersion(data, after)
-    raise PreconditionFailedError("the volume header keeps changing: retry later")
-
-
-def write_header(store: ObjectStore, old: HeaderVersion, new: bytes) -> None:
-    """Replace the header if it is still old. PreconditionFailedError: retry."""
-    try:
-        store.put_if_match(HEADER_NAME, new, old.etag)
-    except PreconditionFailedError:
-        try:
-            current = store.get(HEADER_NAME)
-        except ObjectNotFoundError:
-            current = b""
-        if current != new:  # (equal: a retried request of ours had already landed)
-            raise PreconditionFailedError(
-                "the volume header changed meanwhile (another key change?):"
-                " nothing was written; retry"
-            ) from None
-    store.sync()
 
 
 Edit = Callable[[Unlocked], bytes]

@@ -25,11 +25,14 @@ from sealfs.store.base import ObjectStore
 
 log = logging.getLogger("sealfs.volume")
 
+CHUNK_PREFIX = "c/"
+CHUNK_ID_SIZE = 32
+
 
 def chunk_name(chunk_id: bytes) -> str:
     """Store name of a chunk: c/<first two hex digits>/<64 hex digits>."""
     hexid = chunk_id.hex()
-    return f"c/{hexid[:2]}/{hexid}"
+    return f"{CHUNK_PREFIX}{hexid[:2]}/{hexid}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,15 +23,19 @@ from functools import partial
 import trio
 
 from sealfs.chunking.fastcdc import Chunker
-from sealfs.errors import FencedError, FsError, SealfsError
+from sealfs.crypto.subkeys import derive_subkeys
+from sealfs.errors import FencedError, FsError, IntegrityError, SealfsError
+from sealfs.keys.header import decode_header, verify_header_mac
+from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
 from sealfs.volume.chunks import Chunks
 from sealfs.volume.committer import Committer
 from sealfs.volume.filedata import FileData
-from sealfs.volume.loader import Loaded, release_record
+from sealfs.volume.loader import Loaded, read_header, release_record
 from sealfs.volume.options import VolumeOptions
+from sealfs.volume.rekey import Rekeyer
 
 log = logging.getLogger("sealfs.volume")
 
@@ -75,6 +79,9 @@ class Volume:
         self._lookups: dict[int, int] = {}
         self._opens: dict[int, int] = {}
         self._relieving = False
+        self.rekey: Rekeyer | None = None
+        self._rekey_scope = trio.CancelScope()
+        self._rekey_stopped = trio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -86,9 +93,12 @@ class Volume:
             self.commits.start()
             if not self.read_only:
                 nursery.start_soon(self.commits.loop)
+                if self.loaded.keys.retired_epoch is not None:
+                    self._start_rekey()  # one was interrupted: carry on
             try:
                 yield self
                 if not self.read_only:
+                    await self._stop_rekey()
                     await self.close()
             finally:
                 nursery.cancel_scope.cancel()
@@ -104,6 +114,64 @@ class Volume:
                 await self.commits.snapshot()
             except SealfsError as exc:  # everything is committed; only the next mount is slower
                 log.warning("snapshot at unmount failed: %s", exc)
+
+    # -- rekey -------------------------------------------------------------------------
+
+    def _start_rekey(self) -> None:
+        assert self._nursery is not None
+        self.rekey = rekey = Rekeyer(self.loaded, self.commits, self._limiter)
+
+        async def run() -> None:
+            try:
+                with self._rekey_scope:
+                    await rekey.run()
+            finally:
+                self._rekey_stopped.set()
+
+        self._nursery.start_soon(run)
+
+    async def _stop_rekey(self) -> None:
+        """Let the rekey stop between objects before the writer lets go of the volume."""
+        if self.rekey is not None:
+            self._rekey_scope.cancel()
+            await self._rekey_stopped.wait()
+
+    async def adopt_rekey(self, master_key: bytes) -> None:
+        """Seal under the new key epoch the header names, and re-seal the old epoch's objects.
+
+        `sealfs rekey` wrote the header (it holds the secrets the slots need)
+        and hands over the new master key. It is taken only if the header in
+        the store verifies under it and wraps this volume's current key as the
+        retired one. Raises FsError(EINVAL) otherwise. Asking again while the
+        rekey runs, or after it switched, is harmless.
+        """
+        self._writable()
+        ring = self.loaded.keys
+        data = await trio.to_thread.run_sync(read_header, self.store, limiter=self._limiter)
+        header = decode_header(data)
+        if len(master_key) != 32 or header.volume_id != self.loaded.volume_id:
+            raise FsError(errno.EINVAL)
+        new = derive_subkeys(master_key, header.volume_id)
+        try:
+            verify_header_mac(data, new.header_mac_key)
+            retired = open_retired(header, master_key)
+        except IntegrityError:
+            raise FsError(errno.EINVAL) from None
+        if header.data_epoch == ring.epoch and new == ring.current:
+            if ring.retired_epoch is not None and self.rekey is None:
+                self._start_rekey()
+            return
+        if (
+            retired is None
+            or retired != (ring.epoch, ring.current)
+            or ring.retired_epoch is not None
+        ):
+            raise FsError(errno.EINVAL)
+        ring.advance(header.data_epoch, new)
+        self._chunker.reseed(new.chunker_seed)
+        self.loaded.header = header
+        log.info("key epoch %d: new objects are sealed under it from now on", header.data_epoch)
+        self._start_rekey()
 
     def _spawn(self, fn: partial[object] | object) -> None:
         if self._nursery is not None:

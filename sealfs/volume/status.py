@@ -45,4 +45,6 @@ def volume_status(volume: Volume) -> dict[str, Any]:
         "read_only": volume.read_only,
         "fenced": volume.commits.fenced is not None,
         "commit_interval": volume.options.commit_interval,
+        "key_epoch": volume.loaded.keys.epoch,
+        "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sealfs.cli.key_cmd import change_header, read_header_version, write_header
+from sealfs.cli.key_cmd import change_header
 from sealfs.cli.main import main
 from sealfs.errors import PreconditionFailedError
 from sealfs.keys.edit import add_slot, remove_slot, replace_slot
@@ -29,6 +29,7 @@ from sealfs.keys.slots import (
 )
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import create_volume, open_volume
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted

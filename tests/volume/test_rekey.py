@@ -1,0 +1,159 @@
+"""Rekey at engine level: a new key epoch, old objects re-sealed in place, the old key dropped."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from sealfs.crypto.envelope import ObjectKind, chunk_binding, read_envelope_epoch, reseal
+from sealfs.errors import FsError, WrongKeyError
+from sealfs.keys.header import HEADER_NAME, decode_header
+from sealfs.keys.rekey import begin_rekey
+from sealfs.keys.slots import (
+    Passphrase,
+    RecoveryKey,
+    SlotMaker,
+    passphrase_slot_maker,
+    recovery_slot_maker,
+    unlock,
+)
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.base import ObjectStore
+from sealfs.volume.engine import Volume
+from sealfs.volume.header_io import read_header_version, write_header
+from sealfs.volume.loader import open_volume
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
+from tests.volume.test_engine import ino_of, mkfile, read_all, write_at
+
+NEW_RECOVERY = bytes(range(100, 132))
+
+
+def object_epochs(store: ObjectStore) -> dict[str, int]:
+    """The key epoch every sealed object of the store names."""
+    names = [n for p in ("c/", "l/", "s/") for n in store.list(p)]
+    return {name: read_envelope_epoch(store.get(name)) for name in names}
+
+
+def start_rekey(store: ObjectStore, *, recovery: bytes = NEW_RECOVERY) -> bytes:
+    """What `sealfs rekey` does before it hands the key over: the epoch N+1 header."""
+    old = read_header_version(store)
+    unlocked = unlock(old.data, Passphrase(PASSPHRASE))
+    makers: dict[int, SlotMaker] = {}
+    for slot in unlocked.header.slots:
+        if slot.kind == "passphrase":
+            makers[slot.slot_id] = passphrase_slot_maker(PASSPHRASE, cheap_kdf())
+        else:
+            makers[slot.slot_id] = recovery_slot_maker(recovery)
+    new, master = begin_rekey(unlocked, makers)
+    write_header(store, old, new)
+    return master
+
+
+async def write_sample(volume: Volume, tag: bytes, size: int) -> dict[str, bytes]:
+    files = {}
+    for k in range(4):
+        data = os.urandom(size // 4) + tag * 1000
+        await mkfile(volume, ROOT_INO, b"%s-%d" % (tag, k), data)
+        files[f"{tag.decode()}-{k}"] = data
+    return files
+
+
+async def test_rekey_reseals_every_object_while_the_volume_is_written(
+    volume_store: ObjectStore,
+) -> None:
+    async with mounted(volume_store, commit_interval=0.05) as volume:
+        files = await write_sample(volume, b"old", 3 << 20)
+        await volume.fsync()
+        await volume.commits.snapshot()  # an s/ object of epoch 0 too
+        assert set(object_epochs(volume_store).values()) == {0}
+        master = start_rekey(volume_store)
+        await volume.adopt_rekey(master)
+        assert volume.loaded.keys.epoch == 1
+        files |= await write_sample(volume, b"new", 2 << 20)  # while the rekey runs
+        await write_at(volume, await ino_of(volume, "old-0"), 5, b"overwritten")
+        data = files["old-0"]
+        files["old-0"] = data[:5] + b"overwritten" + data[16:]
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()  # type: ignore[union-attr]
+        progress = volume.rekey.progress  # type: ignore[union-attr]
+        assert progress.finished and progress.error is None and progress.resealed > 0
+        assert volume.loaded.keys.retired_epoch is None
+        for name, content in files.items():
+            assert await read_all(volume, await ino_of(volume, name)) == content
+
+    epochs = object_epochs(volume_store)
+    assert epochs and set(epochs.values()) == {1}, "an object is still sealed under epoch 0"
+    header = decode_header(volume_store.get(HEADER_NAME))
+    assert header.data_epoch == 1 and header.retired is None
+    with pytest.raises(WrongKeyError):  # the old recovery key opens nothing any more
+        unlock(volume_store.get(HEADER_NAME), RecoveryKey(RECOVERY_KEY))
+    async with mounted(volume_store) as volume:
+        for name, content in files.items():
+            assert await read_all(volume, await ino_of(volume, name)) == content
+
+
+async def test_an_interrupted_rekey_resumes_at_the_next_mount(volume_store: ObjectStore) -> None:
+    async with mounted(volume_store) as volume:
+        files = await write_sample(volume, b"f", 4 << 20)
+    start_rekey(volume_store)
+    loaded = open_volume(volume_store, Passphrase(PASSPHRASE))
+    assert loaded.keys.epoch == 1 and loaded.keys.retired_epoch == 0
+    # Re-seal some chunks by hand, as a rekey killed half-way would have left them.
+    old, new = loaded.keys.keys(0), loaded.keys.current
+    chunks = volume_store.list("c/")
+    for name in chunks[:3]:
+        binding = chunk_binding(loaded.volume_id, bytes.fromhex(name[-64:]))
+        sealed = volume_store.get(name)
+        volume_store.put(
+            name, reseal(old.chunk_key, new.chunk_key, 1, ObjectKind.CHUNK, binding, sealed)
+        )
+    left = sum(1 for epoch in object_epochs(volume_store).values() if epoch == 0)
+    async with mounted(volume_store) as volume:  # the mount carries on by itself
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()
+        assert volume.rekey.progress.resealed == left  # what was done is not done again
+        for name, content in files.items():
+            assert await read_all(volume, await ino_of(volume, name)) == content
+    assert set(object_epochs(volume_store).values()) == {1}
+    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
+
+
+async def test_adopt_rekey_refuses_a_key_the_header_does_not_name(
+    volume_store: ObjectStore,
+) -> None:
+    async with mounted(volume_store) as volume:
+        with pytest.raises(FsError):
+            await volume.adopt_rekey(os.urandom(32))  # no rekey started: nothing to adopt
+        master = start_rekey(volume_store)
+        with pytest.raises(FsError):
+            await volume.adopt_rekey(bytes(a ^ 1 for a in master))
+        assert volume.loaded.keys.epoch == 0
+        await volume.adopt_rekey(master)
+        await volume.adopt_rekey(master)  # asking twice is harmless
+        assert volume.loaded.keys.epoch == 1
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()  # type: ignore[union-attr]
+
+
+async def test_a_store_object_of_an_unknown_epoch_stops_the_rekey(
+    volume_store: ObjectStore,
+) -> None:
+    async with mounted(volume_store) as volume:
+        await write_sample(volume, b"x", 1 << 20)
+    name = volume_store.list("c/")[0]
+    data = bytearray(volume_store.get(name))
+    data[6:8] = (7).to_bytes(2, "big")  # a foreign epoch: never re-sealed, never trusted
+    volume_store.put(name, bytes(data))
+    start_rekey(volume_store)
+    async with mounted(volume_store) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(30):
+            while volume.rekey.progress.error is None:
+                await trio.sleep(0.01)
+        assert "key epoch 7" in volume.rekey.progress.error
+        assert volume.loaded.keys.retired_epoch == 0  # the old key is kept: nothing is lost
+    assert decode_header(volume_store.get(HEADER_NAME)).retired is not None
+    assert read_envelope_epoch(volume_store.get(name)) == 7
