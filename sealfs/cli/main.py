@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from sealfs import __version__
-from sealfs.cli import init_cmd, key_cmd, mount_cmd, status_cmd
+from sealfs.cli import init_cmd, key_cmd, mount_cmd, rekey_cmd, status_cmd
 from sealfs.cli.exitcodes import FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.errors import SealfsError
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount_cmd.add_parsers(sub)
     status_cmd.add_parser(sub)
     key_cmd.add_parsers(sub)
+    rekey_cmd.add_parser(sub)
     return parser
 
 

@@ -34,6 +34,9 @@ from sealfs.volume.status import volume_status
 log = logging.getLogger("sealfs.fuse")
 
 STATUS_XATTR = b"user.sealfs.status"
+# Written on the root by `sealfs rekey` (value: the new master key) to hand the
+# daemon a key epoch the store's header already names; never stored.
+REKEY_XATTR = b"user.sealfs.rekey"
 READDIR_BATCH = 256  # directory entries asked of the engine at a time
 # The kernel turns O_APPEND into write offsets itself, and it alone sees fcntl(F_SETFL)
 # change the flag later: the engine must take its offsets as they come.
@@ -280,6 +283,11 @@ class Operations(pyfuse3.Operations):
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
             raise pyfuse3.FUSEError(errno.EPERM)
+        if inode == pyfuse3.ROOT_INODE and name == REKEY_XATTR:
+            if ctx.uid not in (0, os.getuid()):
+                raise pyfuse3.FUSEError(errno.EPERM)  # only the mount's owner or root
+            await self.volume.adopt_rekey(value)
+            return
         await self.volume.setxattr(inode, name, value)
 
     @_boundary

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -78,6 +78,11 @@ class RekeyProgress:
     finished: bool = False
     error: str | None = None
 
+    elapsed: float | None = None  # set when read back from a status dict
+
+    def seconds(self) -> float:
+        return self.elapsed if self.elapsed is not None else time.monotonic() - self.started
+
     def as_dict(self) -> dict[str, object]:
         return {
             "from_epoch": self.from_epoch,
@@ -86,10 +91,16 @@ class RekeyProgress:
             "checked": self.checked,
             "resealed": self.resealed,
             "resealed_bytes": self.resealed_bytes,
-            "seconds": round(time.monotonic() - self.started, 3),
+            "seconds": round(self.seconds(), 3),
             "finished": self.finished,
             "error": self.error,
         }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RekeyProgress:
+        fields = {k: raw[k] for k in ("from_epoch", "to_epoch", "listed", "checked", "resealed",
+                                      "resealed_bytes", "finished", "error")}  # fmt: skip
+        return cls(**fields, elapsed=float(raw["seconds"]))
 
 
 class Rekeyer:

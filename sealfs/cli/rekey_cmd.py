@@ -1,0 +1,245 @@
+"""`sealfs rekey STORE`: a new master key, every object re-sealed, the old key dropped.
+
+For a suspected compromise of the master key or of a slot's secret: keyslot
+changes cannot revoke those (whoever held one may have kept the master key).
+This command writes the header of a new key epoch (a new random master key,
+re-wrapped in every keyslot it keeps, the old one wrapped under it), then the
+volume's writer re-seals every object of the old epoch and drops the old key
+(sealfs.volume.rekey). The writer is the mount daemon when the volume is
+mounted on this host (the command hands it the new key through the mount's
+root and follows its progress), else this command itself. Run again after a
+crash, it resumes; so does the next mount.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+import time
+
+import trio
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
+from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.unlock import add_unlock_options, store_from
+from sealfs.crypto.subkeys import derive_subkeys
+from sealfs.errors import ConfigError, WriterConflictError
+from sealfs.fuse.operations import REKEY_XATTR
+from sealfs.keys.header import Keyslot, decode_header
+from sealfs.keys.hsm import TokenKey, check_trusted_module, pkcs11_slot_maker
+from sealfs.keys.hsm import params_from_slot as token_params
+from sealfs.keys.kms import KmsClients, kms_slot_maker
+from sealfs.keys.kms import params_from_slot as kms_params
+from sealfs.keys.rekey import begin_rekey
+from sealfs.keys.slots import (
+    KIND_AWS_KMS,
+    KIND_PKCS11,
+    Passphrase,
+    RecoveryKey,
+    SlotMaker,
+    Unlocked,
+    argon2_params_from_slot,
+    passphrase_slot_maker,
+    recovery_slot_maker,
+)
+from sealfs.volume.engine import Volume
+from sealfs.volume.header_io import read_header_version, write_header
+from sealfs.volume.loader import Loaded, check_writer, claim_writer, load_unlocked, pid_alive
+from sealfs.volume.options import VolumeOptions
+from sealfs.volume.rekey import RekeyProgress
+
+POLL_SECONDS = 0.25
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "rekey",
+        help="new master key: re-encrypt every object and drop the old key (suspected compromise)",
+    )
+    p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
+    add_unlock_options(p)
+    p.add_argument(
+        "--drop-slot",
+        type=int,
+        action="append",
+        default=[],
+        metavar="SLOT",
+        help="do not carry this keyslot over to the new key (a secret that may have leaked, or"
+        " a passphrase or recovery slot other than the one you unlock with); repeatable",
+    )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="when mounted: return once the daemon uses the new key; it re-encrypts in the"
+        " background ('sealfs status' shows progress)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = store_from(args)
+    version = read_header_version(store)
+    unlocked = unlock_header(args, version.data)
+    mountpoint = _live_mountpoint(load_unlocked(store, unlocked))
+    header = unlocked.header
+    if header.retired is None:
+        with kms_clients(args) as clients:
+            makers = _slot_makers(args, unlocked, clients)
+            data, master = begin_rekey(unlocked, makers)
+        write_header(store, version, data)
+        header = decode_header(data)
+        dropped = sorted(s.slot_id for s in unlocked.header.slots if s.slot_id not in makers)
+        print(f"Key epoch {header.data_epoch}: new master key written to the header.", end="")
+        print(f" Dropped keyslots: {', '.join(map(str, dropped))}." if dropped else "")
+    else:
+        master = unlocked.master_key  # its slots already open the new key
+        print(f"Resuming the rekey to key epoch {header.data_epoch}.")
+    if mountpoint is not None:
+        os.setxattr(mountpoint, REKEY_XATTR.decode(), master)
+        if args.no_wait:
+            print(f"The daemon of {mountpoint} re-encrypts in the background.")
+            return 0
+        progress = _follow_mount(mountpoint)
+    else:
+        keys = derive_subkeys(master, header.volume_id)
+        new = dataclasses.replace(unlocked, header=header, master_key=master, subkeys=keys)
+        loaded = load_unlocked(store, new)
+        check_writer(loaded, takeover=False)
+        claim_writer(loaded)
+        progress = trio.run(_rekey_here, loaded)
+    print(
+        f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
+        f" ({progress.resealed_bytes / 1e6:.1f} MB) re-encrypted in {progress.seconds():.1f} s."
+    )
+    return 0
+
+
+def _slot_makers(
+    args: argparse.Namespace, unlocked: Unlocked, clients: KmsClients
+) -> dict[int, SlotMaker]:
+    """How each kept slot is re-made for the new master key; ConfigError for one that can't be."""
+    slots = unlocked.header.slots
+    unknown = set(args.drop_slot) - {s.slot_id for s in slots}
+    if unknown:
+        ids = ", ".join(str(s.slot_id) for s in slots)
+        raise ConfigError(f"--drop-slot {min(unknown)}: no such keyslot (the slots are {ids})")
+    makers: dict[int, SlotMaker] = {}
+    for slot in slots:
+        if slot.slot_id in args.drop_slot:
+            continue
+        maker = _carry(args, unlocked, slot, clients)
+        if maker is None:
+            raise ConfigError(
+                f"keyslot {slot.slot_id} ({slot.kind}) can only be re-made with its own secret:"
+                f" unlock with it, or give --drop-slot {slot.slot_id} and add it again after"
+                " the rekey ('sealfs key add')"
+            )
+        makers[slot.slot_id] = maker
+    return makers
+
+
+def _carry(
+    args: argparse.Namespace, unlocked: Unlocked, slot: Keyslot, clients: KmsClients
+) -> SlotMaker | None:
+    secret = unlocked.secret if slot.slot_id == unlocked.slot_id else None
+    if isinstance(secret, Passphrase):
+        params = argon2_params_from_slot(slot)  # same cost, new salt
+        return passphrase_slot_maker(secret.value, dataclasses.replace(params, salt=os.urandom(16)))
+    if isinstance(secret, RecoveryKey):
+        return recovery_slot_maker(secret.value)
+    if slot.kind == KIND_AWS_KMS:
+        kp = kms_params(slot)
+        return kms_slot_maker(clients, kp.key_id, kp.region)
+    if slot.kind == KIND_PKCS11:
+        tp = token_params(slot)
+        module = module_override(args) or check_trusted_module(tp.module)
+        return pkcs11_slot_maker(TokenKey(module, tp.token, tp.key), get_pin(args, tp.token))
+    return None
+
+
+def _live_mountpoint(loaded: Loaded) -> str | None:
+    """The mountpoint of the live writer on this host; None if no writer is live."""
+    w = loaded.live.writer
+    if w is None or w.released:
+        return None
+    if w.host != socket.gethostname():
+        raise WriterConflictError(
+            f"volume is mounted read-write by host {w.host} pid {w.pid}: run 'sealfs rekey'"
+            " there, or unmount it first"
+        )
+    if not pid_alive(w.pid):
+        return None  # that writer crashed: this command takes over
+    for mountpoint in _sealfs_mounts():
+        try:
+            status = read_status(mountpoint)
+        except OSError:
+            continue
+        if status.get("pid") == w.pid and status.get("volume_id") == loaded.volume_id.hex():
+            return mountpoint
+    raise WriterConflictError(
+        f"volume is mounted read-write by pid {w.pid} on this host, but none of this"
+        " namespace's sealfs mounts is it: run 'sealfs rekey' where it is mounted"
+    )
+
+
+def _sealfs_mounts() -> list[str]:
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        rows = [line.split() for line in f]
+    # Fields escape space, tab, newline and backslash as octal (\040 ...).
+    return [
+        row[1].encode("latin-1", "surrogateescape").decode("unicode_escape")
+        for row in rows
+        if len(row) > 2 and row[2] == "fuse.sealfs"
+    ]
+
+
+def _bar() -> Progress:
+    return Progress(
+        TextColumn("re-encrypting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("objects"),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        disable=not sys.stdout.isatty(),
+    )
+
+
+def _follow_mount(mountpoint: str) -> RekeyProgress:
+    with _bar() as bar:
+        task = bar.add_task("", total=None)
+        while True:
+            try:
+                raw = read_status(mountpoint).get("rekey")
+            except OSError as exc:
+                raise ConfigError(
+                    f"{mountpoint} stopped answering ({exc.strerror}): the rekey resumes at the"
+                    " next mount, or run 'sealfs rekey' again"
+                ) from None
+            if isinstance(raw, dict):
+                progress = RekeyProgress.from_dict(raw)
+                bar.update(task, total=progress.listed, completed=progress.checked,
+                           description=progress.error or "")  # fmt: skip
+                if progress.finished:
+                    return progress
+            time.sleep(POLL_SECONDS)
+
+
+async def _rekey_here(loaded: Loaded) -> RekeyProgress:
+    volume = Volume(loaded, VolumeOptions())
+    async with volume.running():
+        rekey = volume.rekey
+        assert rekey is not None
+        with _bar() as bar:
+            task = bar.add_task("", total=None)
+            while not rekey.done.is_set():
+                p = rekey.progress
+                bar.update(task, total=p.listed, completed=p.checked, description=p.error or "")
+                with trio.move_on_after(POLL_SECONDS):
+                    await rekey.done.wait()
+            bar.update(task, total=rekey.progress.listed, completed=rekey.progress.checked)
+    return rekey.progress

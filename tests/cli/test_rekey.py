@@ -1,0 +1,208 @@
+"""`sealfs rekey`: mounted and unmounted, killed and resumed, racing keyslot changes.
+
+Afterwards every file reads back, no object in the store names the old key
+epoch, the header holds no retired key, and secrets of the old epoch open nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sealfs.keys.header import decode_header
+from tests.cli.test_bad_input import fingerprint, one_line
+from tests.mounts import VolumeEnv, sealfs
+
+CONFIG_ERROR = 2
+
+
+def epochs(store: Path) -> dict[str, int]:
+    """Key epoch named by every sealed object of a local store (bytes 6-7 of the envelope)."""
+    out = {}
+    for prefix in ("c", "l", "s"):
+        for path in (store / prefix).rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                with path.open("rb") as f:
+                    out[str(path.relative_to(store))] = int.from_bytes(f.read(8)[6:8], "big")
+    return out
+
+
+def header(store: Path) -> object:
+    return decode_header((store / "sealfs.vol").read_bytes())
+
+
+def write_tree(root: Path, count: int, size: int, tag: str) -> dict[str, bytes]:
+    root.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for k in range(count):
+        data = os.urandom(size) + tag.encode() * 64
+        (root / f"{tag}{k}").write_bytes(data)
+        files[f"{root.name}/{tag}{k}"] = data
+    return files
+
+
+def check_tree(mnt: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        assert (mnt / name).read_bytes() == data, name
+
+
+def rekey(env: VolumeEnv, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return sealfs(
+        "rekey", str(env.store), "--passphrase-file", str(env.passfile), *extra, timeout=timeout
+    )
+
+
+def test_rekey_must_be_told_about_slots_it_cannot_carry(volume_env: VolumeEnv) -> None:
+    before = fingerprint(volume_env.store)
+    line = one_line(rekey(volume_env), CONFIG_ERROR)
+    assert "keyslot 1 (recovery)" in line and "--drop-slot 1" in line
+    line = one_line(rekey(volume_env, "--drop-slot", "7"), CONFIG_ERROR)
+    assert "no such keyslot" in line
+    assert fingerprint(volume_env.store) == before  # nothing written
+
+
+def test_rekey_while_mounted_and_written(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    files = write_tree(env.mnt / "before", 40, 300_000, "b")
+    os.sync()
+    subprocess.run([sys.executable, "-m", "sealfs.cli.main", "sync", str(env.mnt)], check=True)
+    assert set(epochs(env.store).values()) == {0}
+
+    stop = threading.Event()
+    written: dict[str, bytes] = {}
+
+    def keep_writing() -> None:
+        k = 0
+        while not stop.is_set():
+            written.update(write_tree(env.mnt / "during", 1, 50_000, f"d{k}-"))
+            k += 1
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        result = rekey(env, "--drop-slot", "1")
+    finally:
+        stop.set()
+        writer.join()
+    assert result.returncode == 0, result.stderr + env.log_text()
+    assert "Rekey done" in result.stdout
+    status = env.status()
+    assert status["key_epoch"] == 1 and status["rekey"]["finished"]
+    assert written, "nothing was written during the rekey"
+    check_tree(env.mnt, files | written)
+    env.umount()
+
+    assert set(epochs(env.store).values()) == {1}
+    h = header(env.store)
+    assert h.data_epoch == 1 and h.retired is None  # type: ignore[attr-defined]
+    assert [s.kind for s in h.slots] == ["passphrase"]  # type: ignore[attr-defined]
+    old_recovery = sealfs("status", str(env.store), "--recovery-key-file", str(env.recovery_file))
+    assert old_recovery.returncode == 3, old_recovery.stderr
+    env.mount()
+    check_tree(env.mnt, files | written)
+    env.umount()
+
+
+def test_daemon_killed_during_rekey_resumes_at_next_mount(mounted_env: VolumeEnv) -> None:
+    env = mounted_env
+    files = write_tree(env.mnt / "t", 600, 20_000, "f")  # many small objects: a long rekey
+    subprocess.run([sys.executable, "-m", "sealfs.cli.main", "sync", str(env.mnt)], check=True)
+    result = rekey(env, "--drop-slot", "1", "--no-wait")
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 60
+    while not any(e == 1 for e in epochs(env.store).values()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    env.kill()
+    left = sum(1 for e in epochs(env.store).values() if e == 0)
+    assert left > 0, "the rekey finished before the kill: the test proves nothing"
+    assert header(env.store).retired is not None  # type: ignore[attr-defined]
+
+    env.mount()  # resumes by itself
+    deadline = time.monotonic() + 120
+    while not (env.status()["rekey"] or {}).get("finished"):
+        assert time.monotonic() < deadline, env.status()
+        time.sleep(0.1)
+    check_tree(env.mnt, files)
+    env.umount()
+    assert set(epochs(env.store).values()) == {1}
+    assert header(env.store).retired is None  # type: ignore[attr-defined]
+
+
+def test_offline_rekey_killed_then_run_again(volume_env: VolumeEnv) -> None:
+    env = volume_env
+    env.mount()
+    files = write_tree(env.mnt / "t", 600, 20_000, "f")
+    env.umount()
+    command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
+               "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e == 1 for e in epochs(env.store).values()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.communicate(timeout=30)
+    assert sum(1 for e in epochs(env.store).values() if e == 0) > 0, "finished before the kill"
+
+    result = rekey(env)  # the header's slots already open the new key: nothing to drop
+    assert result.returncode == 0, result.stderr
+    assert "Resuming" in result.stdout and "Rekey done" in result.stdout
+    assert set(epochs(env.store).values()) == {1}
+    assert header(env.store).retired is None  # type: ignore[attr-defined]
+    env.mount()
+    check_tree(env.mnt, files)
+    env.umount()
+
+
+def test_keyslot_changes_racing_a_mounted_rekey_never_lose_the_header(
+    mounted_env: VolumeEnv, tmp_path: Path
+) -> None:
+    env = mounted_env
+    write_tree(env.mnt / "t", 300, 20_000, "f")
+    subprocess.run([sys.executable, "-m", "sealfs.cli.main", "sync", str(env.mnt)], check=True)
+    assert rekey(env, "--drop-slot", "1", "--no-wait").returncode == 0
+    added: list[Path] = []
+    refused = 0
+    for k in range(6):  # each adds a recovery slot while the daemon may drop the retired key
+        out = tmp_path / f"recovery-{k}"
+        result = sealfs(
+            "key", "add", str(env.store), "recovery", "--passphrase-file", str(env.passfile),
+            "--new-recovery-key-file", str(out),
+        )  # fmt: skip
+        if result.returncode == 0:
+            added.append(out)
+        else:
+            assert "changed meanwhile" in result.stderr, result.stderr
+            refused += 1
+    deadline = time.monotonic() + 120
+    while not (env.status()["rekey"] or {}).get("finished"):
+        assert time.monotonic() < deadline, env.status()
+        time.sleep(0.1)
+    env.umount()
+    h = header(env.store)
+    assert h.retired is None and h.data_epoch == 1  # type: ignore[attr-defined]
+    assert len(h.slots) == 1 + len(added)  # type: ignore[attr-defined]
+    for path in added:  # every added slot opens the volume at the new epoch
+        result = sealfs("status", str(env.store), "--recovery-key-file", str(path))
+        assert result.returncode == 0, result.stderr
+    assert set(epochs(env.store).values()) == {1}
+
+
+def test_only_the_owner_may_hand_the_daemon_a_key(mounted_env: VolumeEnv) -> None:
+    """The root's rekey attribute is refused to other users (the value is never stored)."""
+    env = mounted_env
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         f"import os; os.setxattr({str(env.mnt)!r}, 'user.sealfs.rekey', bytes(32))"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "Permission denied" in result.stderr or "Operation not permitted" in result.stderr
+    assert env.status()["key_epoch"] == 0
