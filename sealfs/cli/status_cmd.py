@@ -73,6 +73,13 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("chunks", str(s["chunks"])),
         ("memory cache", format_size(s["memory_cache_bytes"])),
     ]
+    rows.append(("key epoch", str(s.get("key_epoch", 0))))
+    rekey = s.get("rekey")
+    if rekey:
+        state = "done" if rekey["finished"] else f"{rekey['checked']}/{rekey['listed']} objects"
+        detail = f"; paused: {rekey['error']}" if rekey.get("error") else ""
+        rows.append(("rekey", f"epoch {rekey['from_epoch']} -> {rekey['to_epoch']}: {state}"
+                              f", {rekey['resealed']} re-encrypted{detail}"))  # fmt: skip
     if s.get("disk_cache_bytes") is not None:
         rows.append(("disk cache", format_size(s["disk_cache_bytes"])))
     if s.get("store_requests"):

@@ -40,6 +40,7 @@ from sealfs.crypto.envelope import (
 )
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
+    FencedError,
     FormatError,
     IntegrityError,
     ObjectNotFoundError,
@@ -127,6 +128,9 @@ class Rekeyer:
         while True:
             try:
                 await self._pass()
+            except FencedError:
+                self.progress.error = "fenced: another writer took the volume over and carries on"
+                return  # the new writer resumes the rekey; a fenced one must not write
             except SealfsError as exc:
                 self.progress.error = str(exc)
                 log.error("rekey paused, will retry in %.0f s: %s", RETRY_DELAY, exc)
@@ -169,6 +173,8 @@ class Rekeyer:
         async def worker() -> None:
             for name in queue:
                 try:
+                    if self._commits.fenced is not None:
+                        raise self._commits.fenced
                     size = await self._thread(self._reseal, name)
                 except SealfsError as exc:
                     failure.append(exc)  # the other workers stop at their next object

@@ -245,3 +245,37 @@ def test_init_refuses_a_service_that_ignores_if_none_match(
     assert result.stderr.count("\n") == 1
     assert all_objects(bucket) == {}
     assert not (tmp_path / "recovery").exists()
+
+
+def test_rekey_of_a_mounted_s3_volume_through_faults(
+    s3_env: S3VolumeEnv, proxy: FaultProxy, bucket: str
+) -> None:
+    """Every object in the bucket and in the daemon's cache ends under the new epoch."""
+    env = s3_env
+    env.mount()
+    rng = random.Random(5)
+    files = {f"f{k}.bin": rng.randbytes(rng.choice([3_000, 300_000, 1_500_000])) for k in range(12)}
+    for name, data in files.items():
+        checkpoint(env.mnt, name, data)
+    proxy.set_faults(0.1)
+    result = sealfs(
+        "rekey", env.url, "--s3-endpoint", env.endpoint, "--passphrase-file", str(env.passfile),
+        "--drop-slot", "1", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + env.log_text()
+    assert_holds(env.mnt, files)
+    env.umount()
+    proxy.set_faults(0.0)
+    epochs = {
+        key: int.from_bytes(body[6:8], "big")
+        for key, body in all_objects(bucket).items()
+        if not key.endswith("sealfs.vol")
+    }
+    assert epochs and set(epochs.values()) == {1}, epochs
+    cached = [p for p in env.cache.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    assert cached and {int.from_bytes(p.read_bytes()[6:8], "big") for p in cached} == {1}
+    fresh_cache(env)
+    env.mount()
+    assert_holds(env.mnt, files)
+    env.umount()
+    assert sum(proxy.injected.values()) > 0, proxy.injected
