@@ -41,11 +41,22 @@ def _wrapping_key(master_key: bytes, volume_id: bytes) -> bytes:
 
 
 def wrap_retired(
-    master_key: bytes, volume_id: bytes, old_epoch: int, old_master_key: bytes
+    master_key: bytes,
+    volume_id: bytes,
+    old_epoch: int,
+    old_master_key: bytes,
+    *,
+    nonce: bytes | None = None,
 ) -> RetiredKey:
-    """The old epoch's master key sealed under the current one, bound to volume and epoch."""
+    """The old epoch's master key sealed under the current one, bound to volume and epoch.
+
+    nonce is for golden tests only.
+    """
     sealed = aead.seal(
-        _wrapping_key(master_key, volume_id), old_master_key, _retired_ad(volume_id, old_epoch)
+        _wrapping_key(master_key, volume_id),
+        old_master_key,
+        _retired_ad(volume_id, old_epoch),
+        nonce,
     )
     return RetiredKey(old_epoch, sealed[: aead.NONCE_SIZE], sealed[aead.NONCE_SIZE :])
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,8 +111,12 @@ def build_segments(
 
 def test_segment_round_trip() -> None:
     seg = Segment(7, os.urandom(32), 123456789, sample_records())
-    sealed = encode_segment(KEYS, VOLUME_ID, seg)[0]
-    assert decode_segment(RING, VOLUME_ID, 7, sealed).segment == seg
+    sealed, digest = encode_segment(KEYS, VOLUME_ID, seg)
+    logged = decode_segment(RING, VOLUME_ID, 7, sealed)
+    assert logged.segment == seg and logged.size == len(sealed)
+    # The chain digest is SHA-256 of the msgpack payload (format.md section 9).
+    payload = {"gen": 7, "prev": seg.prev_hash, "time": 123456789, "ops": seg.ops}
+    assert logged.digest == digest == hashlib.sha256(msgpack.packb(payload)).digest()
 
 
 @settings(max_examples=50)
