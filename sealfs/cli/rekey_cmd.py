@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import socket
 import sys
 import time
@@ -53,6 +54,7 @@ from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import RekeyProgress
 
 POLL_SECONDS = 0.25
+_OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -187,13 +189,13 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
 
 
 def _sealfs_mounts() -> list[str]:
-    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+    with open("/proc/self/mounts", "rb") as f:
         rows = [line.split() for line in f]
-    # Fields escape space, tab, newline and backslash as octal (\040 ...).
+    # Mount points escape space, tab, newline and backslash as octal (\040 ...).
     return [
-        row[1].encode("latin-1", "surrogateescape").decode("unicode_escape")
+        os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), row[1]))
         for row in rows
-        if len(row) > 2 and row[2] == "fuse.sealfs"
+        if len(row) > 2 and row[2] == b"fuse.sealfs"
     ]
 
 
