@@ -193,11 +193,15 @@ def run_list(args: argparse.Namespace) -> int:
         out = {
             "volume_id": header.volume_id.hex(),
             "verified": not args.unverified,
+            "key_epoch": header.data_epoch,
+            "rekey_from_epoch": None if header.retired is None else header.retired.epoch,
             "slots": [_slot_json(s, used) for s in header.slots],
         }
         print(json.dumps(out, indent=2))
         return 0
     print(f"volume {header.volume_id.hex()}" + ("  (UNVERIFIED)" if args.unverified else ""))
+    rekey = "" if header.retired is None else f" (rekey from epoch {header.retired.epoch} running)"
+    print(f"key epoch {header.data_epoch}{rekey}")
     print(f"{'SLOT':>4}  {'KIND':<10}  DETAILS")
     for slot in header.slots:
         mark = "  (unlocked with this slot)" if slot.slot_id == used else ""

@@ -98,9 +98,10 @@ def write(path: Path, text: str) -> Path:
 def test_list_shows_public_params_only(env: VolumeEnv) -> None:
     out = ok(key(env, "list", "--passphrase-file", str(env.passfile)))
     lines = out.splitlines()
-    assert lines[1].split() == ["SLOT", "KIND", "DETAILS"]
+    assert lines[1] == "key epoch 0"
+    assert lines[2].split() == ["SLOT", "KIND", "DETAILS"]
     assert "0  passphrase  argon2id, 64 MiB, 1 passes" in out
-    assert "(unlocked with this slot)" in lines[2]
+    assert "(unlocked with this slot)" in lines[3]
     assert "1  recovery    recovery key" in out
     header = decode_header((env.store / HEADER_NAME).read_bytes())
     for slot in header.slots:

@@ -160,6 +160,8 @@ def test_offline_rekey_killed_then_run_again(volume_env: VolumeEnv) -> None:
         proc.communicate(timeout=30)
     assert sum(1 for e in epochs(env.store).values() if e == 0) > 0, "finished before the kill"
 
+    listed = sealfs("key", "list", str(env.store), "--passphrase-file", str(env.passfile))
+    assert "key epoch 1 (rekey from epoch 0 running)" in listed.stdout, listed.stderr
     result = rekey(env)  # the header's slots already open the new key: nothing to drop
     assert result.returncode == 0, result.stderr
     assert "Resuming" in result.stdout and "Rekey done" in result.stdout
