@@ -16,7 +16,7 @@ from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
-from tests.conftest import PASSPHRASE, RECOVERY_KEY
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
     GID,
     RW,
@@ -398,3 +398,110 @@ async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_
         await v.fsync()
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
+
+
+# -- commits in the middle of a stream (forced cuts) -----------------------------------------
+
+STREAMING = {"flush_threshold": 8 * MiB, "max_buffered": 16 * MiB, "commit_interval": 3600.0}
+
+
+class Crash(Exception):
+    """Raised inside a mounted volume to abandon it as a killed process would."""
+
+
+async def write_from(volume: Volume, fh: int, data: bytes, start: int, end: int) -> None:
+    for pos in range(start, end, WRITE):
+        await volume.write(fh, pos, data[pos : min(pos + WRITE, end)])
+
+
+def fsync_points(seed: int, size: int) -> list[int]:
+    """Irregular commit positions at least MAX_CHUNK apart (so each later flush resumes)."""
+    rng, points, pos = random.Random(seed), [], 0
+    while (pos := pos + rng.randrange(4 * MiB + 1, 11 * MiB)) < size:
+        points.append(pos)
+    return points
+
+
+@pytest.mark.parametrize("cache", ["cached", "evicted"])
+async def test_commits_mid_stream_do_not_move_chunk_boundaries(
+    volume_store: MemoryStore, cache: str
+) -> None:
+    """Regression (dedup issue 2): every commit cut a streaming writer's last chunk where
+    its data happened to end, and later chunks were cut from there, so a rewritten file
+    shared few chunks with its old version. A forced cut is now re-chunked together with
+    the bytes that follow it, so the file gets the chunks of one pass; what the second
+    write adds are the forced chunks alone, one per commit, superseded since."""
+    data = stream(12, 48 * MiB)
+    opts = dict(STREAMING, chunk_cache_bytes=64 * MiB if cache == "cached" else 0)
+    async with session(volume_store, **opts) as v:
+        await mkfile(v, ROOT_INO, b"whole", data)
+        await v.fsync()
+        before, gets = chunk_objects(volume_store), volume_store.counts["get"]
+        fh, attr = await v.create(ROOT_INO, b"streamed", 0o644, RW, UID, GID)
+        points = fsync_points(3, len(data))
+        pos = 0
+        for point in [*points, len(data)]:
+            await write_from(v, fh, data, pos, point)
+            await v.fsync()  # a commit cuts the file where its data ends
+            pos = point
+        await v.release(fh)
+        added = chunk_objects(volume_store) - before
+        assert len(points) >= 4
+        assert len(added) <= len(points), (len(added), len(points))
+        whole = await ino_of(v, "whole")
+        assert chunk_ids(v, attr.ino) == chunk_ids(v, whole)
+        if cache == "cached":  # the forced chunks were re-read from memory, not the store
+            assert volume_store.counts["get"] == gets
+        assert await read_all(v, attr.ino) == data
+    async with session(volume_store) as v:
+        assert await read_all(v, attr.ino) == data
+        assert chunk_ids(v, attr.ino) == chunk_ids(v, await ino_of(v, "whole"))
+
+
+async def test_a_small_append_does_not_reseal_a_forced_chunk(volume_store: MemoryStore) -> None:
+    """A slow appender (a log) must not re-seal its last chunk, up to MAX_CHUNK, at every
+    commit: a forced cut is re-chunked only by a flush bringing as many new bytes."""
+    data = stream(14, 9 * MiB)
+    async with session(volume_store, **STREAMING) as v:
+        fh, attr = await v.create(ROOT_INO, b"log", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data)
+        await v.fsync()
+        forced = v.files.files[attr.ino].forced
+        assert forced is not None and forced.end == len(data)
+        assert forced.length > 16 * 1024  # else this seed does not test the rule
+        uploaded = v.chunks.uploaded_bytes
+        for k in range(4):
+            await v.write(fh, len(data) + 1024 * k, b"x" * 1024)
+            await v.fsync()
+        assert v.chunks.uploaded_bytes - uploaded < 16 * 1024
+        extents = v.inode(attr.ino).extents
+        assert extents is not None and extents.covering(forced.start) == forced
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data + b"x" * 4096
+
+
+async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
+    volume_store: MemoryStore,
+) -> None:
+    """An early flush that re-chunks a committed forced cut replaces its extents in the
+    live state only; until the next commit, a crash shows the file as committed."""
+    data = stream(13, 24 * MiB)
+    committed = 6 * MiB + 12345
+    with pytest.RaisesGroup(Crash, flatten_subgroups=True):
+        async with mounted(volume_store, **STREAMING) as v:
+            fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+            await write_from(v, fh, data, 0, committed)
+            await v.fsync()
+            forced = v.files.files[attr.ino].forced
+            assert forced is not None and forced.end == committed
+            segments = v.commits.segments_written
+            await write_from(v, fh, data, committed, len(data))
+            await wait_until(lambda: not v._relieving)
+            extents = v.inode(attr.ino).extents
+            assert extents is not None and extents.covering(forced.start) != forced
+            assert v.commits.segments_written == segments
+            assert await read_all(v, attr.ino) == data
+            raise Crash
+    async with session(volume_store) as v:
+        assert v.inode(attr.ino).size == committed
+        assert await read_all(v, attr.ino) == data[:committed]
