@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK, Chunker
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -260,17 +261,23 @@ class FileData:
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
         forced = job.buffers.forced
-        for region in _regions(job.data, inode.extents, forced):
-            at_eof = region.end >= job.size
-            extents, kept = await self._seal_region(
-                region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
-            )
-            end = region.end - len(kept)
-            data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
-            if kept:
-                tail.write(end, kept)
-            if at_eof:  # the file now ends in a kept tail (still buffered) or a cut chunk
-                forced = None if kept else extents[-1]
+        try:
+            for region in _regions(job.data, inode.extents, forced):
+                at_eof = region.end >= job.size
+                extents, kept = await self._seal_region(
+                    region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
+                )
+                end = region.end - len(kept)
+                data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
+                if kept:
+                    tail.write(end, kept)
+                if at_eof:  # the file now ends in a kept tail (still buffered) or a cut chunk
+                    forced = None if kept else extents[-1]
+        except (IntegrityError, FormatError, ObjectNotFoundError):
+            # A damaged forced chunk must not fail every later commit: the retry seals the
+            # new bytes alone, as before resuming existed (the damage stays where it was).
+            job.buffers.forced = None
+            raise
         job.buffers.forced = forced
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))

@@ -11,9 +11,11 @@ import pytest
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.errors import IntegrityError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
@@ -505,3 +507,37 @@ async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
     async with session(volume_store) as v:
         assert v.inode(attr.ino).size == committed
         assert await read_all(v, attr.ino) == data[:committed]
+
+
+async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
+    volume_store: MemoryStore,
+) -> None:
+    """Resuming re-reads a committed chunk. If the store damaged it (and it is no longer
+    in memory), the commit fails with IntegrityError, but the next one seals the new
+    bytes without resuming: the file's later writes still become durable."""
+    data = stream(14, 14 * MiB)
+    first = 9 * MiB
+    async with session(volume_store, **dict(STREAMING, chunk_cache_bytes=0)) as v:
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data[:first])
+        await v.fsync()
+        forced = v.files.files[attr.ino].forced
+        assert forced is not None and forced.length >= MIN_CHUNK  # else no resume is tried
+        name = chunk_name(forced.chunk)
+        sealed = bytearray(volume_store._objects[name])
+        sealed[len(sealed) // 2] ^= 1
+        volume_store._objects[name] = bytes(sealed)
+        await v.write(fh, first, data[first:])
+        with pytest.raises(IntegrityError):
+            await v.fsync()
+        await v.fsync()  # the retry: the new bytes are committed, the damage stays put
+        assert await v.read(fh, 0, forced.start) == data[: forced.start]
+        assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
+        with pytest.raises(IntegrityError):
+            await v.read(fh, forced.start, forced.length)
+        await v.release(fh)
+    async with session(volume_store) as v:
+        assert v.inode(attr.ino).size == len(data)
+        fh = await v.open(attr.ino, RW)
+        assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
+        await v.release(fh)
