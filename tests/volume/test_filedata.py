@@ -424,6 +424,18 @@ def fsync_points(seed: int, size: int) -> list[int]:
     return points
 
 
+def end_inside_a_chunk(volume: Volume, data: bytes) -> int:
+    """A length at which data, written at once and committed, ends in a forced chunk of at
+    least MIN_CHUNK: one byte short of the end of its largest natural chunk. (Cut points
+    depend on the volume's random chunker seed, so a test cannot fix them in advance.)"""
+    ends, pos = [], 0
+    for n in volume.files._chunker.cut(data):
+        pos += n
+        ends.append((n, pos))
+    _, end = max(ends[:-1])  # the last piece of data is cut where data ends: not natural
+    return end - 1
+
+
 @pytest.mark.parametrize("cache", ["cached", "evicted"])
 async def test_commits_mid_stream_do_not_move_chunk_boundaries(
     volume_store: MemoryStore, cache: str
@@ -463,14 +475,15 @@ async def test_commits_mid_stream_do_not_move_chunk_boundaries(
 async def test_a_small_append_does_not_reseal_a_forced_chunk(volume_store: MemoryStore) -> None:
     """A slow appender (a log) must not re-seal its last chunk, up to MAX_CHUNK, at every
     commit: a forced cut is re-chunked only by a flush bringing as many new bytes."""
-    data = stream(14, 9 * MiB)
     async with session(volume_store, **STREAMING) as v:
+        data = stream(14, 9 * MiB)
+        data = data[: end_inside_a_chunk(v, data)]
         fh, attr = await v.create(ROOT_INO, b"log", 0o644, RW, UID, GID)
         await v.write(fh, 0, data)
         await v.fsync()
         forced = v.files.files[attr.ino].forced
         assert forced is not None and forced.end == len(data)
-        assert forced.length > 16 * 1024  # else this seed does not test the rule
+        assert forced.length >= MIN_CHUNK - 1
         uploaded = v.chunks.uploaded_bytes
         for k in range(4):
             await v.write(fh, len(data) + 1024 * k, b"x" * 1024)
@@ -516,13 +529,15 @@ async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
     in memory), the commit fails with IntegrityError, but the next one seals the new
     bytes without resuming: the file's later writes still become durable."""
     data = stream(14, 14 * MiB)
-    first = 9 * MiB
     async with session(volume_store, **dict(STREAMING, chunk_cache_bytes=0)) as v:
+        first = end_inside_a_chunk(v, data[: 9 * MiB])
+        data = data[: first + 5 * MiB]  # more than MAX_CHUNK, less than flush_threshold
         fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
         await v.write(fh, 0, data[:first])
         await v.fsync()
         forced = v.files.files[attr.ino].forced
-        assert forced is not None and forced.length >= MIN_CHUNK  # else no resume is tried
+        # At least MIN_CHUNK, so that no fragment merge re-reads it: only resuming does.
+        assert forced is not None and forced.end == first and forced.length >= MIN_CHUNK
         name = chunk_name(forced.chunk)
         sealed = bytearray(volume_store._objects[name])
         sealed[len(sealed) // 2] ^= 1
