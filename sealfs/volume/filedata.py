@@ -237,14 +237,14 @@ class FileData:
                     self._meta, sink, ops.chunk(chunk.chunk_id, chunk.plain_size, chunk.stored_size)
                 )
             extent = Extent(start, len(piece), chunk.chunk_id, 0)
-            if extent.end >= job.size:  # cut where the data ends, like flush() at end of file
-                job.buffers.forced = extent
-                self._chunks.cache.put(chunk.chunk_id, piece)
             op = ops.data(job.inode.ino, start, start + len(piece), [extent], job.size)
             if job.inode.ino in self._meta.inodes:
                 record(self._meta, sink, op)
             else:
                 sink.append(op)  # deleted meanwhile: the log still needs the history
+            if extent.end >= job.size:  # cut where the data ends, like flush() at end of file
+                self._chunks.cache.put(chunk.chunk_id, piece)
+                self._set_forced(job, extent)
 
     async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
@@ -278,7 +278,6 @@ class FileData:
             # new bytes alone, as before resuming existed (the damage stays where it was).
             job.buffers.forced = None
             raise
-        job.buffers.forced = forced
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
         if inode.ino in self._meta.inodes:
@@ -286,7 +285,22 @@ class FileData:
                 record(self._meta, sink, op)
         else:
             sink.extend(data_ops)  # deleted meanwhile: the log still needs the history
+        self._set_forced(job, forced)
         return tail
+
+    def _set_forced(self, job: Detached, forced: Extent | None) -> None:
+        """Remember the file's forced cut, once its flush is recorded. A forced chunk that
+        the flush superseded leaves the LRU: no extent of the file reads it any more, and
+        a long streaming write would otherwise fill the read cache, one per commit."""
+        old, job.buffers.forced = job.buffers.forced, forced
+        extents = job.inode.extents
+        if (
+            old is not None
+            and old != forced
+            and extents is not None
+            and extents.covering(old.start) != old
+        ):
+            self._chunks.cache.discard(old.chunk)
 
     async def _seal_region(
         self,
@@ -436,9 +450,9 @@ def _resume_point(lo: int, hi: int, extents: ExtentMap, forced: Extent | None) -
     cut it continues (cut points then come out as in one pass), else at lo.
 
     Only when the range brings at least as many new bytes as the forced chunk holds: a
-    slow appender would otherwise re-seal up to MAX_CHUNK at every commit; this way a
-    flush seals at most twice its new bytes. The extent must still be in the map as it was
-    sealed (a truncation or an overwrite since then changes it)."""
+    slow appender would otherwise re-seal up to MAX_CHUNK at every commit; this way
+    resuming at most doubles what a flush seals. The extent must still be in the map as
+    it was sealed (a truncation or an overwrite since then changes it)."""
     if (
         forced is not None
         and forced.start < lo <= forced.end
