@@ -68,6 +68,12 @@ class PlainCache:
             _, old = self._items.popitem(last=False)
             self.nbytes -= len(old)
 
+    def discard(self, chunk_id: bytes) -> None:
+        """Forget a chunk that is not likely to be read again (its memory matters more)."""
+        data = self._items.pop(chunk_id, None)
+        if data is not None:
+            self.nbytes -= len(data)
+
 
 class Chunks:
     """The chunk side of the data path for one unlocked volume."""

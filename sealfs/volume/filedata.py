@@ -6,6 +6,12 @@ that is sealing it right now), and its extent map (sealed chunks). A flush
 re-chunks only the written ranges plus any small neighbouring pieces, so a
 small write never rewrites a large chunk and fragments are merged back.
 
+A flush that must seal a file up to its end (a commit) cuts its last chunk
+where the data happens to end, not where the content says. The file
+remembers that chunk; the next flush that continues the file re-chunks from
+its start, so a file streamed across commits ends up cut as in one pass (and
+a rewritten file dedups against its old version).
+
 At most one flush of a file runs at a time (its flushing layer is then set),
 and truncation waits for it to end, so an extent map is only replaced by the
 flush that read it.
@@ -22,6 +28,7 @@ from typing import Any
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK, Chunker
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -48,6 +55,8 @@ class FileBuffers:
     dirty: SparseBuffer = field(default_factory=SparseBuffer)
     flushing: SparseBuffer | None = None
     idle: trio.Event = field(default_factory=_set_event)  # set while nothing is flushing
+    # The file's last extent when a flush cut it only because the data ended there.
+    forced: Extent | None = None
 
 
 @dataclass(frozen=True)
@@ -209,7 +218,8 @@ class FileData:
             return None
         start, buf = ranges[0]
         assert job.inode.extents is not None
-        if _regions(job.data, job.inode.extents) != [Region(start, start + len(buf))]:
+        regions = _regions(job.data, job.inode.extents, job.buffers.forced)
+        if regions != [Region(start, start + len(buf))]:
             return None
         return start, bytes(buf)
 
@@ -232,12 +242,17 @@ class FileData:
                 record(self._meta, sink, op)
             else:
                 sink.append(op)  # deleted meanwhile: the log still needs the history
+            if extent.end >= job.size:  # cut where the data ends, like flush() at end of file
+                self._chunks.cache.put(chunk.chunk_id, piece)
+                self._set_forced(job, extent)
 
     async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
         Returns the bytes kept back (a partial last chunk at end of file, when
         keep_tail asks for it, so that a streaming writer is cut as in one pass).
+        Without keep_tail the last chunk is cut at the end of the data; it is
+        remembered as the file's forced cut, for the next flush to re-chunk.
         Raises StoreError and friends; then nothing was recorded for this file.
         """
         inode = job.inode
@@ -245,13 +260,24 @@ class FileData:
         fresh: dict[bytes, ChunkInfo] = {}
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
-        for region in _regions(job.data, inode.extents):
-            keep = keep_tail and region.end >= job.size
-            extents, kept = await self._seal_region(region, job.data, inode.extents, keep, fresh)
-            end = region.end - len(kept)
-            data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
-            if kept:
-                tail.write(end, kept)
+        forced = job.buffers.forced
+        try:
+            for region in _regions(job.data, inode.extents, forced):
+                at_eof = region.end >= job.size
+                extents, kept = await self._seal_region(
+                    region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
+                )
+                end = region.end - len(kept)
+                data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
+                if kept:
+                    tail.write(end, kept)
+                if at_eof:  # the file now ends in a kept tail (still buffered) or a cut chunk
+                    forced = None if kept else extents[-1]
+        except (IntegrityError, FormatError, ObjectNotFoundError):
+            # A damaged forced chunk must not fail every later commit: the retry seals the
+            # new bytes alone, as before resuming existed (the damage stays where it was).
+            job.buffers.forced = None
+            raise
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
         if inode.ino in self._meta.inodes:
@@ -259,15 +285,32 @@ class FileData:
                 record(self._meta, sink, op)
         else:
             sink.extend(data_ops)  # deleted meanwhile: the log still needs the history
+        self._set_forced(job, forced)
         return tail
+
+    def _set_forced(self, job: Detached, forced: Extent | None) -> None:
+        """Remember the file's forced cut, once its flush is recorded. A forced chunk that
+        the flush superseded leaves the LRU: no extent of the file reads it any more, and
+        a long streaming write would otherwise fill the read cache, one per commit."""
+        old, job.buffers.forced = job.buffers.forced, forced
+        extents = job.inode.extents
+        if (
+            old is not None
+            and old != forced
+            and extents is not None
+            and extents.covering(old.start) != old
+        ):
+            self._chunks.cache.discard(old.chunk)
 
     async def _seal_region(
         self,
         region: Region,
         data: SparseBuffer,
         extents: ExtentMap,
-        keep_tail: bool,
         fresh: dict[bytes, ChunkInfo],
+        *,
+        at_eof: bool,
+        keep_tail: bool,
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []
@@ -303,13 +346,17 @@ class FileData:
                 window = bytearray(await emit(memoryview(window), lengths))
                 assert len(window) == carry
             lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
-            kept = b""
+            kept = last = b""
             # The last piece is unfinished (the stream goes on): keep it back, unless it
             # is all this flush would seal. Pieces emitted from earlier windows count too.
-            if keep_tail and lengths and (len(lengths) > 1 or pos > region.start):
+            if keep_tail and at_eof and lengths and (len(lengths) > 1 or pos > region.start):
                 kept = bytes(window[-lengths.pop() :])
+            elif at_eof and lengths:
+                last = bytes(window[-lengths[-1] :])  # cut where the data ends: a forced cut
             await emit(memoryview(window), lengths)
         out.sort(key=lambda e: e.start)
+        if last:  # the flush that continues the file re-reads it: spare it a store round trip
+            self._chunks.cache.put(out[-1].chunk, last)
         return out, kept
 
     async def _region_bytes(
@@ -379,11 +426,13 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
         raise first from None
 
 
-def _regions(data: SparseBuffer, extents: ExtentMap) -> list[Region]:
-    """Written ranges widened over small neighbouring pieces, then merged."""
+def _regions(data: SparseBuffer, extents: ExtentMap, forced: Extent | None) -> list[Region]:
+    """Written ranges widened over a forced cut they continue and over small neighbouring
+    pieces, then merged."""
     spans: list[list[int]] = []
     for start, buf in data.ranges():
         lo, hi = start, start + len(buf)
+        lo = _resume_point(lo, hi, extents, forced)
         # Absorb every small piece in a row, not just the nearest: else fragments pile up.
         while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
             lo = left.start
@@ -394,3 +443,21 @@ def _regions(data: SparseBuffer, extents: ExtentMap) -> list[Region]:
         else:
             spans.append([lo, hi])
     return [Region(lo, hi) for lo, hi in spans]
+
+
+def _resume_point(lo: int, hi: int, extents: ExtentMap, forced: Extent | None) -> int:
+    """Where CDC should start for the written range [lo, hi): at the start of the forced
+    cut it continues (cut points then come out as in one pass), else at lo.
+
+    Only when the range brings at least as many new bytes as the forced chunk holds: a
+    slow appender would otherwise re-seal up to MAX_CHUNK at every commit; this way
+    resuming at most doubles what a flush seals. The extent must still be in the map as
+    it was sealed (a truncation or an overwrite since then changes it)."""
+    if (
+        forced is not None
+        and forced.start < lo <= forced.end
+        and hi - lo >= forced.length
+        and extents.covering(forced.start) == forced
+    ):
+        return forced.start
+    return lo

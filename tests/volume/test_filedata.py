@@ -11,12 +11,14 @@ import pytest
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.errors import IntegrityError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
-from tests.conftest import PASSPHRASE, RECOVERY_KEY
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
     GID,
     RW,
@@ -398,3 +400,161 @@ async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_
         await v.fsync()
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
+
+
+# -- commits in the middle of a stream (forced cuts) -----------------------------------------
+
+STREAMING = {"flush_threshold": 8 * MiB, "max_buffered": 16 * MiB, "commit_interval": 3600.0}
+
+
+class Crash(Exception):
+    """Raised inside a mounted volume to abandon it as a killed process would."""
+
+
+async def write_from(volume: Volume, fh: int, data: bytes, start: int, end: int) -> None:
+    for pos in range(start, end, WRITE):
+        await volume.write(fh, pos, data[pos : min(pos + WRITE, end)])
+
+
+def fsync_points(seed: int, size: int) -> list[int]:
+    """Irregular commit positions at least MAX_CHUNK apart (so each later flush resumes)."""
+    rng, points, pos = random.Random(seed), [], 0
+    while (pos := pos + rng.randrange(4 * MiB + 1, 11 * MiB)) < size:
+        points.append(pos)
+    return points
+
+
+def end_inside_a_chunk(volume: Volume, data: bytes) -> int:
+    """A length at which data, written at once and committed, ends in a forced chunk of at
+    least MIN_CHUNK: one byte short of the end of its largest natural chunk. (Cut points
+    depend on the volume's random chunker seed, so a test cannot fix them in advance.)"""
+    ends, pos = [], 0
+    for n in volume.files._chunker.cut(data):
+        pos += n
+        ends.append((n, pos))
+    _, end = max(ends[:-1])  # the last piece of data is cut where data ends: not natural
+    return end - 1
+
+
+@pytest.mark.parametrize("cache", ["cached", "evicted"])
+async def test_commits_mid_stream_do_not_move_chunk_boundaries(
+    volume_store: MemoryStore, cache: str
+) -> None:
+    """Regression (dedup issue 2): every commit cut a streaming writer's last chunk where
+    its data happened to end, and later chunks were cut from there, so a rewritten file
+    shared few chunks with its old version. A forced cut is now re-chunked together with
+    the bytes that follow it, so the file gets the chunks of one pass; what the second
+    write adds are the forced chunks alone, one per commit, superseded since."""
+    data = stream(12, 48 * MiB)
+    opts = dict(STREAMING, chunk_cache_bytes=64 * MiB if cache == "cached" else 0)
+    async with session(volume_store, **opts) as v:
+        await mkfile(v, ROOT_INO, b"whole", data)
+        await v.fsync()
+        before, gets = chunk_objects(volume_store), volume_store.counts["get"]
+        fh, attr = await v.create(ROOT_INO, b"streamed", 0o644, RW, UID, GID)
+        points = fsync_points(3, len(data))
+        pos = 0
+        for point in [*points, len(data)]:
+            await write_from(v, fh, data, pos, point)
+            await v.fsync()  # a commit cuts the file where its data ends
+            pos = point
+        await v.release(fh)
+        added = chunk_objects(volume_store) - before
+        assert len(points) >= 4
+        assert len(added) <= len(points), (len(added), len(points))
+        whole = await ino_of(v, "whole")
+        assert chunk_ids(v, attr.ino) == chunk_ids(v, whole)
+        if cache == "cached":  # the forced chunks were re-read from memory, not the store
+            assert volume_store.counts["get"] == gets
+            # and left it once superseded: a long write does not fill the read cache
+            assert set(v.chunks.cache._items) == {chunk_ids(v, attr.ino)[-1]}
+        assert await read_all(v, attr.ino) == data
+    async with session(volume_store) as v:
+        assert await read_all(v, attr.ino) == data
+        assert chunk_ids(v, attr.ino) == chunk_ids(v, await ino_of(v, "whole"))
+
+
+async def test_a_small_append_does_not_reseal_a_forced_chunk(volume_store: MemoryStore) -> None:
+    """A slow appender (a log) must not re-seal its last chunk, up to MAX_CHUNK, at every
+    commit: a forced cut is re-chunked only by a flush bringing as many new bytes."""
+    async with session(volume_store, **STREAMING) as v:
+        data = stream(14, 9 * MiB)
+        data = data[: end_inside_a_chunk(v, data)]
+        fh, attr = await v.create(ROOT_INO, b"log", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data)
+        await v.fsync()
+        forced = v.files.files[attr.ino].forced
+        assert forced is not None and forced.end == len(data)
+        assert forced.length >= MIN_CHUNK - 1
+        uploaded = v.chunks.uploaded_bytes
+        for k in range(4):
+            await v.write(fh, len(data) + 1024 * k, b"x" * 1024)
+            await v.fsync()
+        assert v.chunks.uploaded_bytes - uploaded < 16 * 1024
+        extents = v.inode(attr.ino).extents
+        assert extents is not None and extents.covering(forced.start) == forced
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data + b"x" * 4096
+
+
+async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
+    volume_store: MemoryStore,
+) -> None:
+    """An early flush that re-chunks a committed forced cut replaces its extents in the
+    live state only; until the next commit, a crash shows the file as committed."""
+    data = stream(13, 24 * MiB)
+    committed = 6 * MiB + 12345
+    with pytest.RaisesGroup(Crash, flatten_subgroups=True):
+        async with mounted(volume_store, **STREAMING) as v:
+            fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+            await write_from(v, fh, data, 0, committed)
+            await v.fsync()
+            forced = v.files.files[attr.ino].forced
+            assert forced is not None and forced.end == committed
+            segments = v.commits.segments_written
+            await write_from(v, fh, data, committed, len(data))
+            await wait_until(lambda: not v._relieving)
+            extents = v.inode(attr.ino).extents
+            assert extents is not None and extents.covering(forced.start) != forced
+            assert v.commits.segments_written == segments
+            assert await read_all(v, attr.ino) == data
+            raise Crash
+    async with session(volume_store) as v:
+        assert v.inode(attr.ino).size == committed
+        assert await read_all(v, attr.ino) == data[:committed]
+
+
+async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
+    volume_store: MemoryStore,
+) -> None:
+    """Resuming re-reads a committed chunk. If the store damaged it (and it is no longer
+    in memory), the commit fails with IntegrityError, but the next one seals the new
+    bytes without resuming: the file's later writes still become durable."""
+    data = stream(14, 14 * MiB)
+    async with session(volume_store, **dict(STREAMING, chunk_cache_bytes=0)) as v:
+        first = end_inside_a_chunk(v, data[: 9 * MiB])
+        data = data[: first + 5 * MiB]  # more than MAX_CHUNK, less than flush_threshold
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await v.write(fh, 0, data[:first])
+        await v.fsync()
+        forced = v.files.files[attr.ino].forced
+        # At least MIN_CHUNK, so that no fragment merge re-reads it: only resuming does.
+        assert forced is not None and forced.end == first and forced.length >= MIN_CHUNK
+        name = chunk_name(forced.chunk)
+        sealed = bytearray(volume_store._objects[name])
+        sealed[len(sealed) // 2] ^= 1
+        volume_store._objects[name] = bytes(sealed)
+        await v.write(fh, first, data[first:])
+        with pytest.raises(IntegrityError):
+            await v.fsync()
+        await v.fsync()  # the retry: the new bytes are committed, the damage stays put
+        assert await v.read(fh, 0, forced.start) == data[: forced.start]
+        assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
+        with pytest.raises(IntegrityError):
+            await v.read(fh, forced.start, forced.length)
+        await v.release(fh)
+    async with session(volume_store) as v:
+        assert v.inode(attr.ino).size == len(data)
+        fh = await v.open(attr.ino, RW)
+        assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
+        await v.release(fh)

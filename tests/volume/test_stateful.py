@@ -388,6 +388,14 @@ class VolumeMachine(RuleBasedStateMachine):
     def write_any(self, k: int, offset: int, size: int, seed: int) -> None:
         self.write(k, offset, size, seed)
 
+    @rule(k=PICK, size=st.sampled_from(SIZES), seed=st.integers(0, 1000))
+    def append(self, k: int, size: int, seed: int) -> None:
+        """Continue a file where it ends, as a streaming writer does across commits (whose
+        forced cuts the next flush re-chunks)."""
+        ino = self.pick_kind(k, "file")
+        if ino is not None:
+            self.write(k, len(self.model.nodes[ino].data), size, seed)
+
     @rule(k=PICK, size=st.integers(0, 500_000))
     def truncate(self, k: int, size: int) -> None:
         ino = self.pick_kind(k, "file")
