@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from sealfs.fuse.mount import abandon, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT
 from sealfs.volume.engine import Volume
-from sealfs.volume.loader import Loaded, check_writer, claim_writer, pid_alive
+from sealfs.volume.loader import Loaded, check_writer, claim_writer, collector_paused, pid_alive
 from sealfs.volume.options import VolumeOptions
 
 log = logging.getLogger("sealfs.cli")
@@ -86,12 +87,16 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
-    loaded = unlock_store(args)
-    if not options.read_only:
-        check_writer(loaded, takeover=args.takeover)
-    mountpoint = os.path.abspath(args.mountpoint)
-    volume = Volume(loaded, options)
-    prepare(volume, mountpoint, allow_other=args.allow_other)
+    with collector_paused():
+        loaded = unlock_store(args)
+        if not options.read_only:
+            check_writer(loaded, takeover=args.takeover)
+        mountpoint = os.path.abspath(args.mountpoint)
+        volume = Volume(loaded, options)
+        prepare(volume, mountpoint, allow_other=args.allow_other)
+        # The metadata just loaded lives as long as the mount: the collector can skip
+        # it from now on, and the daemon forked next does not copy its pages to do so.
+        gc.freeze()
     if args.foreground:
         return _serve(loaded, volume, mountpoint, lambda code, msg: None)
     log_path = args.log_file or _default_log_path()
