@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
@@ -29,7 +30,7 @@ log = logging.getLogger("sealfs.cli")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("mount", help="mount a volume as a directory")
+    p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store")
     p.add_argument("mountpoint")
     add_unlock_options(p)
@@ -61,11 +62,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
     p.set_defaults(run=run_mount)  # fmt: skip
 
-    s = sub.add_parser("sync", help="commit everything now (syncfs does not reach FUSE)")
+    s = sub.add_parser("sync", help=COMMANDS["sync"].help)
     s.add_argument("mountpoint")
     s.set_defaults(run=run_sync)
 
-    u = sub.add_parser("umount", help="commit everything, then unmount")
+    u = sub.add_parser("umount", help=COMMANDS["umount"].help)
     u.add_argument("mountpoint")
     u.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for the daemon to exit"
