@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
 from sealfs.cli.secrets import get_passphrase, write_new_secret_file
 from sealfs.cli.unlock import add_s3_options
@@ -16,8 +17,8 @@ from sealfs.store.url import is_s3_url, open_store
 from sealfs.volume.loader import create_volume
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("init", help="create a new encrypted volume in a store")
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("init", help=COMMANDS["init"].help)
     p.add_argument("store", help="local directory, file:// URL or s3://bucket/prefix")
     add_s3_options(p)
     p.add_argument("--passphrase-file", help="read the passphrase from this file")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sealfs.cli import init_cmd
+from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import (
     add_new_key_options,
     get_new_passphrase,
@@ -67,7 +68,7 @@ def change_header(
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    key = sub.add_parser("key", help="list, add, remove or change a volume's keyslots")
+    key = sub.add_parser("key", help=COMMANDS["key"].help)
     ksub = key.add_subparsers(dest="key_command", required=True, metavar="ACTION")
 
     p = ksub.add_parser("list", help="show the keyslots and their public parameters")

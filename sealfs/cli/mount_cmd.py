@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
@@ -21,14 +23,14 @@ from sealfs.fuse.mount import abandon, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT
 from sealfs.volume.engine import Volume
-from sealfs.volume.loader import Loaded, check_writer, claim_writer, pid_alive
+from sealfs.volume.loader import Loaded, check_writer, claim_writer, collector_paused, pid_alive
 from sealfs.volume.options import VolumeOptions
 
 log = logging.getLogger("sealfs.cli")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("mount", help="mount a volume as a directory")
+    p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store")
     p.add_argument("mountpoint")
     add_unlock_options(p)
@@ -60,11 +62,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
     p.set_defaults(run=run_mount)  # fmt: skip
 
-    s = sub.add_parser("sync", help="commit everything now (syncfs does not reach FUSE)")
+    s = sub.add_parser("sync", help=COMMANDS["sync"].help)
     s.add_argument("mountpoint")
     s.set_defaults(run=run_sync)
 
-    u = sub.add_parser("umount", help="commit everything, then unmount")
+    u = sub.add_parser("umount", help=COMMANDS["umount"].help)
     u.add_argument("mountpoint")
     u.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for the daemon to exit"
@@ -86,12 +88,16 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
-    loaded = unlock_store(args)
-    if not options.read_only:
-        check_writer(loaded, takeover=args.takeover)
-    mountpoint = os.path.abspath(args.mountpoint)
-    volume = Volume(loaded, options)
-    prepare(volume, mountpoint, allow_other=args.allow_other)
+    with collector_paused():
+        loaded = unlock_store(args)
+        if not options.read_only:
+            check_writer(loaded, takeover=args.takeover)
+        mountpoint = os.path.abspath(args.mountpoint)
+        volume = Volume(loaded, options)
+        prepare(volume, mountpoint, allow_other=args.allow_other)
+        # The metadata just loaded lives as long as the mount: the collector can skip
+        # it from now on, and the daemon forked next does not copy its pages to do so.
+        gc.freeze()
     if args.foreground:
         return _serve(loaded, volume, mountpoint, lambda code, msg: None)
     log_path = args.log_file or _default_log_path()

@@ -57,10 +57,10 @@ POLL_SECONDS = 0.25
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "rekey",
-        help="new master key: re-encrypt every object and drop the old key (suspected compromise)",
+        help="new master key; re-encrypts everything, drops the old",
     )
     p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
     add_unlock_options(p)

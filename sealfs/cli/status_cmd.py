@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
@@ -20,8 +21,8 @@ from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("status", help="show generation, sizes and cache use")
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help=COMMANDS["status"].help)
     p.add_argument("target", help="a mountpoint of a live mount, or a store (asks to unlock)")
     add_unlock_options(p)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")

@@ -3,8 +3,13 @@
 Object "c/ab/xyz" lives at root/c/ab/xyz; parent directories are created lazily.
 Every write goes to a hidden ".tmp-*" file in the target directory first and is
 then renamed (put) or hard-linked (put_if_absent) into place, so readers never
-see a partial object. Writes are not fsynced one by one: sync() calls syncfs(2)
-once, which makes every earlier put (and every directory created) durable.
+see a partial object. Writes are not fsynced one by one: the store remembers
+which files it wrote and which directories' entries it changed since the last
+sync() (puts come from several threads), and sync() fdatasyncs exactly those
+files, then fsyncs each of those directories once, with the parents of the
+directories it created. So a sync waits for this store's writes only, not for
+whatever else is dirty on the file system. Above SYNCFS_ABOVE paths it calls
+syncfs(2) once instead. sealfs never removes a directory of the store.
 
 This module owns the mapping of OS errors to store errors; it never retries
 (RetryingStore does) and knows nothing of what the bytes mean.
@@ -14,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
 import secrets
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sealfs.errors import (
@@ -42,12 +48,20 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # Errors a local disk (or an NFS mount under it) may clear on its own.
 _TRANSIENT = frozenset({errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EINTR})
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+# Above this many files and directories to flush, sync() calls syncfs(2) instead.
+# Every fsync waits for a disk cache flush (and a journal commit), so flushing by
+# path costs more the more paths there are; syncfs costs one commit, plus writing
+# back everything else that is dirty on the file system, whoever wrote it.
+# Measured with benchmarks/sync_threshold.py (docs/design.md, "Local store").
+SYNCFS_ABOVE = 64
+FLUSH_INLINE = 4  # up to this many paths, flushed one after the other in the caller's thread
+FLUSH_THREADS = 16  # beyond it, flushes in flight at once
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
     """Return libc's syncfs(2), or None where the C library lacks it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on
     except OSError:
         return None
     fn = getattr(libc, "syncfs", None)
@@ -58,8 +72,10 @@ def _load_syncfs() -> Callable[[int], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-# Module-level so that tests can exercise the os.sync fallback.
+# Module-level so that tests can exercise the os.sync fallback and watch the calls.
 _syncfs = _load_syncfs()
+_fdatasync = os.fdatasync
+_fsync = os.fsync
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -109,6 +125,34 @@ def _walk(directory: Path, rel: str, prefix: str, start_after: str, out: list[st
                 out.append(full)
 
 
+class _Unsynced:
+    """The files written and the directories changed since the last sync. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.files: set[str] = set()
+        self.dirs: set[str] = set()
+
+    def add(self, file: str | None, directory: str) -> None:
+        with self._lock:
+            if file is not None:
+                self.files.add(file)
+            self.dirs.add(directory)
+
+    def take(self) -> tuple[set[str], set[str]]:
+        """Everything recorded so far, leaving the record empty."""
+        with self._lock:
+            taken = self.files, self.dirs
+            self.files, self.dirs = set(), set()
+        return taken
+
+    def give_back(self, files: set[str], dirs: set[str]) -> None:
+        """Put back what a failed sync took, so that the next sync covers it again."""
+        with self._lock:
+            self.files |= files
+            self.dirs |= dirs
+
+
 class LocalStore:
     """An ObjectStore in a local directory. Thread-safe and safe across processes.
 
@@ -119,6 +163,16 @@ class LocalStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._unsynced = _Unsynced()
+        self._sync_lock = threading.Lock()  # one sync at a time: a later one waits for it
+        # Directories whose own entry (in their parent) is known to be durable.
+        self._durable_dirs: set[str] = set()
+        self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
+
+    def _written(self, path: Path, *, file: bool = True) -> None:
+        """Remember that path's directory entry changed (and, if file, its data) for sync()."""
+        full = os.path.abspath(path)
+        self._unsynced.add(full if file else None, os.path.dirname(full))
 
     def _path(self, name: str) -> Path:
         return self.root / validate_name(name)
@@ -183,6 +237,7 @@ class LocalStore:
         except OSError as exc:
             _unlink_quietly(tmp)
             raise self._error(exc, f"rename into {name}") from exc
+        self._written(path)
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Create the object unless it exists (hard link: an atomic exclusive create).
@@ -194,11 +249,15 @@ class LocalStore:
         try:
             os.link(tmp, path)
         except FileExistsError:
+            # Maybe written by a process that died before syncing it: the caller
+            # may now rely on it (identical bytes are its own), so sync it too.
+            self._written(path)
             raise ObjectExistsError(f"object {name} already exists in {self.describe()}") from None
         except OSError as exc:
             raise self._error(exc, f"link into {name}") from exc
         finally:
             _unlink_quietly(tmp)
+        self._written(path)
 
     def put_if_match(self, name: str, data: bytes, etag: str) -> None:
         """Replace the object if its etag is still etag, under an exclusive flock on root/.lock.
@@ -236,6 +295,7 @@ class LocalStore:
             return
         except OSError as exc:
             raise self._error(exc, f"delete {name}") from exc
+        self._written(path, file=False)
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         """Sorted names under prefix after start_after; walks only directories prefix can match."""
@@ -250,7 +310,97 @@ class LocalStore:
         return names
 
     def sync(self) -> None:
-        """Make every earlier put durable: one syncfs(2) on the root's file system."""
+        """Make every earlier put, put_if_absent and delete durable, directory entries included.
+
+        fdatasyncs the files written since the last sync and fsyncs the
+        directories whose entries changed (and the parents of new ones); above
+        SYNCFS_ABOVE paths, one syncfs(2) of the root's file system instead.
+        Raises StoreError (NoSpaceError, TransientStoreError) if the kernel
+        reports a failure; what it did not make durable is tried again by the
+        next sync. Never retries.
+        """
+        with self._sync_lock:
+            files, dirs = self._unsynced.take()
+            try:
+                self._sync_paths(files, dirs)
+            except BaseException:
+                self._unsynced.give_back(files, dirs)
+                raise
+
+    def _sync_paths(self, files: set[str], dirs: set[str]) -> None:
+        dirs = self._with_new_parents(dirs)
+        if len(files) + len(dirs) > SYNCFS_ABOVE:
+            self._syncfs()
+        else:
+            try:
+                self._flush_all(sorted(files), sorted(dirs))
+            except PermissionError:
+                self._syncfs()  # a parent above the root we may not open
+        self._durable_dirs |= dirs
+
+    def _flush_all(self, files: Sequence[str], dirs: Sequence[str]) -> None:
+        """fdatasync the files, then fsync the directories; raises the first error.
+
+        Each flush waits for a journal commit or a disk cache flush. A few are
+        cheapest one after the other; more run FLUSH_THREADS at a time, so that
+        they share commits and cache flushes instead of queueing for their own.
+        """
+        jobs = [(files, os.O_RDONLY, _fdatasync), (dirs, os.O_RDONLY | os.O_DIRECTORY, _fsync)]
+        if len(files) + len(dirs) <= FLUSH_INLINE:
+            for paths, flags, flush in jobs:
+                for path in paths:
+                    self._flush(path, flags, flush)
+            return
+        with ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="sealfs-sync") as pool:
+            for paths, flags, flush in jobs:  # every file before any directory
+                futures = [pool.submit(self._flush, path, flags, flush) for path in paths]
+                for future in futures:
+                    future.result()
+
+    def _with_new_parents(self, dirs: set[str]) -> set[str]:
+        """dirs plus the parents of those that may be new, up to the one holding the root.
+
+        A directory made since the last sync (by mkdir in _create) is a new entry
+        in its parent, which must be flushed too. A directory flushed once stays
+        (nothing removes them), so its own entry is durable and its parents need
+        nothing.
+        """
+        out: set[str] = set()
+        for changed in dirs:
+            out.add(changed)
+            path = changed
+            while path not in self._durable_dirs and path != self._top:
+                path = os.path.dirname(path)
+                if path in out:
+                    break  # its parents were walked already
+                out.add(path)
+        return out
+
+    def _flush(self, path: str, flags: int, flush: Callable[[int], None]) -> None:
+        """Open path and flush it; a path removed since needs nothing.
+
+        Raises PermissionError as it is (the caller falls back to syncfs).
+        """
+        try:
+            fd = os.open(path, flags | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except PermissionError:
+            raise
+        except OSError as exc:
+            raise self._error(exc, f"open {self._relative(path)} for sync") from exc
+        try:
+            flush(fd)
+        except OSError as exc:
+            raise self._error(exc, f"fsync {self._relative(path)}") from exc
+        finally:
+            os.close(fd)
+
+    def _relative(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+    def _syncfs(self) -> None:
+        """One syncfs(2) on the root's file system (os.sync where libc lacks syncfs)."""
         try:
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:

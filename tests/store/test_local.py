@@ -8,6 +8,8 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from sealfs.errors import NoSpaceError, ObjectExistsError, PreconditionFailedError, StoreError
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
+from tests.store.conftest import CrashableDisk
 
 
 def _temp_files(root: Path) -> list[Path]:
@@ -160,40 +163,188 @@ def test_full_disk_raises_no_space_and_leaves_no_temp(tiny_tmpfs: Path) -> None:
     assert store.get("c/ab/after") == b"fits"
 
 
-def test_sync_calls_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = local._syncfs
-    assert real is not None, "this libc should have syncfs"
+class Flushes:
+    """Watches the real flush calls of the local store (each is still made) by path."""
 
-    def spy(fd: int) -> int:
-        calls.append(fd)
-        return real(fd)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lock = threading.Lock()
+        self.files: list[str] = []
+        self.dirs: list[str] = []
+        self.syncfs = 0
+        monkeypatch.setattr(local, "_fdatasync", self._watch(self.files, os.fdatasync))
+        monkeypatch.setattr(local, "_fsync", self._watch(self.dirs, os.fsync))
+        real_syncfs = local._syncfs
+        assert real_syncfs is not None, "this libc should have syncfs"
 
-    monkeypatch.setattr(local, "_syncfs", spy)
-    store = LocalStore(tmp_path)
-    store.put("c/ab/x", b"x")
+        def syncfs(fd: int) -> int:
+            with self.lock:
+                self.syncfs += 1
+            return real_syncfs(fd)
+
+        monkeypatch.setattr(local, "_syncfs", syncfs)
+
+    def _watch(self, into: list[str], real: Callable[[int], None]) -> Callable[[int], None]:
+        def flush(fd: int) -> None:
+            with self.lock:
+                into.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+
+        return flush
+
+    def take(self) -> tuple[list[str], list[str]]:
+        """The files and directories flushed since the last take, sorted."""
+        with self.lock:
+            files, dirs = sorted(self.files), sorted(self.dirs)
+            self.files.clear()
+            self.dirs.clear()
+        return files, dirs
+
+
+def test_sync_flushes_the_objects_written_and_the_directories_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushes = Flushes(monkeypatch)
+    root = tmp_path / "store"
+    store = LocalStore(root)
     store.sync()
-    assert len(calls) == 1
+    assert flushes.take() == ([], [])
+    store.put("c/ab/x", b"x")
+    store.put_if_absent("l/00000001", b"seg")
+    store.sync()
+    # New directories are entries in their parents, up to the root's own entry.
+    at = [str(root / p) for p in ("c/ab/x", "l/00000001")]
+    dirs = [str(tmp_path), str(root), str(root / "c"), str(root / "c/ab"), str(root / "l")]
+    assert flushes.take() == (at, dirs)
+    store.sync()
+    assert flushes.take() == ([], [])  # nothing was written since
+
+    store.put("c/ab/y", b"y")
+    store.put("c/cd/z", b"z")  # a new directory in c
+    store.delete("l/00000001")
+    store.sync()
+    at = [str(root / "c/ab/y"), str(root / "c/cd/z")]
+    dirs = [str(root / p) for p in ("c", "c/ab", "c/cd", "l")]
+    assert flushes.take() == (at, dirs)
+    assert flushes.syncfs == 0
+
+
+def test_sync_flushes_an_existing_object_that_put_if_absent_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Left unsynced by a writer that died: whoever finds it may rely on it now.
+    LocalStore(tmp_path).put("l/00000001", b"seg")
+    flushes = Flushes(monkeypatch)
+    store = LocalStore(tmp_path)
+    with pytest.raises(ObjectExistsError):
+        store.put_if_absent("l/00000001", b"seg")
+    store.sync()
+    assert flushes.take()[0] == [str(tmp_path / "l/00000001")]
+
+
+@pytest.mark.parametrize("count", [1, 10], ids=["inline", "threads"])
+def test_a_failed_sync_is_reported_and_the_next_one_covers_its_objects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    flushes = Flushes(monkeypatch)
+    watched = local._fdatasync
+    failures = [errno.EIO]
+
+    def failing_once(fd: int) -> None:
+        with flushes.lock:
+            fail = failures.pop() if failures else 0
+        if fail:
+            raise OSError(fail, os.strerror(fail))
+        watched(fd)
+
+    monkeypatch.setattr(local, "_fdatasync", failing_once)
+    store = LocalStore(tmp_path)
+    for i in range(count):
+        store.put(f"c/ab/x{i}", b"x")
+    with pytest.raises(StoreError, match=r"fsync c/ab/x\d+ failed: Input/output error") as info:
+        store.sync()
+    assert type(info.value) is StoreError  # not transient: the retrying wrapper gives up
+    flushes.take()
+    store.sync()
+    assert flushes.take()[0] == sorted(str(tmp_path / f"c/ab/x{i}") for i in range(count))
+
+
+def test_many_objects_take_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flushes = Flushes(monkeypatch)
+    store = LocalStore(tmp_path)
+    for i in range(local.SYNCFS_ABOVE + 1):
+        store.put(f"c/ab/{i}", b"x")
+    store.sync()
+    assert (flushes.syncfs, flushes.take()) == (1, ([], []))
+    store.put("c/ab/one-more", b"x")
+    store.sync()  # back to flushing just what changed
+    one_more = ([str(tmp_path / "c/ab/one-more")], [str(tmp_path / "c/ab")])
+    assert (flushes.syncfs, flushes.take()) == (1, one_more)
+
+
+def test_sync_covers_every_put_that_returned_before_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "SYNCFS_ABOVE", 1 << 20)  # always by path, so it can be checked
+    flushes = Flushes(monkeypatch)
+    store = LocalStore(tmp_path)
+    done: list[str] = []  # objects whose put returned, in order
+    lock = threading.Lock()
+    writing = threading.Event()
+    writing.set()
+
+    def write(who: int) -> None:
+        for i in range(150):
+            name = f"c/{i % 7:02x}/{who}-{i}"
+            store.put_if_absent(name, b"x" * i)
+            with lock:
+                done.append(str(tmp_path / name))
+
+    missed: list[str] = []
+
+    def sync() -> None:  # two of these: a sync must wait for one in progress
+        while writing.is_set():
+            with lock:
+                before = list(done)
+            store.sync()
+            with flushes.lock:
+                flushed = set(flushes.files)
+            missed.extend(path for path in before if path not in flushed)
+
+    writers = [threading.Thread(target=write, args=(who,)) for who in range(4)]
+    syncers = [threading.Thread(target=sync) for _ in range(2)]
+    for t in writers + syncers:
+        t.start()
+    for t in writers:
+        t.join()
+    writing.clear()
+    for t in syncers:
+        t.join()
+    assert missed == []
+    assert len(set(flushes.files)) == len(done)
 
 
 def test_sync_falls_back_to_os_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(local, "_syncfs", None)
     monkeypatch.setattr(os, "sync", lambda: calls.append("sync"))
+    monkeypatch.setattr(local, "SYNCFS_ABOVE", 0)
     store = LocalStore(tmp_path)
     store.put("c/ab/x", b"x")
     store.sync()
     assert calls == ["sync"]
 
 
-def test_sync_error_becomes_store_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_syncfs_error_becomes_store_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def failing(fd: int) -> int:
         ctypes.set_errno(errno.EIO)
         return -1
 
     monkeypatch.setattr(local, "_syncfs", failing)
+    monkeypatch.setattr(local, "SYNCFS_ABOVE", 0)
+    store = LocalStore(tmp_path)
+    store.put("c/ab/x", b"x")
     with pytest.raises(StoreError, match="syncfs failed"):
-        LocalStore(tmp_path).sync()
+        store.sync()
 
 
 def test_missing_root_reads_as_empty(tmp_path: Path) -> None:
@@ -203,3 +354,24 @@ def test_missing_root_reads_as_empty(tmp_path: Path) -> None:
     store.delete("c/ab/x")
     store.put("c/ab/x", b"x")  # creates the root lazily
     assert store.list("") == ["c/ab/x"]
+
+
+@pytest.mark.parametrize("count", [5, 3 * local.SYNCFS_ABOVE], ids=["by-path", "syncfs"])
+def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count: int) -> None:
+    root = crashable_disk.path / "store"
+    store = LocalStore(root)
+    store.put("sealfs.vol", b"header v1")
+    store.sync()
+    objects = {f"c/{i % 40:02x}/{i}": os.urandom(100 + i * 997 % 70_000) for i in range(count)}
+    with ThreadPoolExecutor(4) as pool:  # puts come from several threads, as in a commit
+        list(pool.map(lambda item: store.put(*item), objects.items()))
+    store.put_if_absent("l/00000001", b"segment")
+    store.put_if_match("sealfs.vol", b"header v2", store.stat("sealfs.vol").etag)
+    store.delete("c/00/0")
+    store.sync()
+    store.put_if_absent("l/00000002", b"never synced")  # shows that the cut loses something
+    crashable_disk.cut_power()
+    after = LocalStore(root)
+    del objects["c/00/0"]
+    expected = {**objects, "l/00000001": b"segment", "sealfs.vol": b"header v2"}
+    assert {name: after.get(name) for name in after.list("")} == expected
