@@ -398,7 +398,9 @@ def test_pkcs11_init_headless_mount_rotate(
     # Headless: no passphrase source, a pkcs11 slot and a PIN source.
     listed = ok(cli("key", "list", str(env.store)))
     assert f"token 'sealfs-a', key '{first.key}'" in listed
-    assert "(unlocked with this slot)" in listed.splitlines()[3]
+    assert (
+        "(unlocked with this slot)" in listed.splitlines()[4]
+    )  # after volume, epoch, heading, slot 0
     ok(cli("key", "rotate", str(env.store), "1", "--pkcs11-key", second.key))
     listed = ok(cli("key", "list", str(env.store), "--pkcs11"))
     assert second.key in listed and first.key not in listed
