@@ -316,8 +316,10 @@ class LocalStore:
         directories whose entries changed (and the parents of new ones); above
         SYNCFS_ABOVE paths, one syncfs(2) of the root's file system instead.
         Raises StoreError (NoSpaceError, TransientStoreError) if the kernel
-        reports a failure; what it did not make durable is tried again by the
-        next sync. Never retries.
+        reports a failure; the next sync flushes the same paths again (after an
+        I/O error the kernel may have dropped those pages, so a later success
+        does not prove they reached the disk; syncfs had the same limit).
+        Never retries.
         """
         with self._sync_lock:
             files, dirs = self._unsynced.take()
