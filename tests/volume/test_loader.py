@@ -46,8 +46,9 @@ async def test_loading_collects_no_garbage_and_leaves_the_collector_as_it_was(
             with collections() as seen:
                 loaded = load_unlocked(volume_store, unlocked)
             assert len(loaded.live.inodes) == 2001
-            # Re-enabled, the collector catches up once, on the youngest generation.
-            assert seen == ([0] if enabled else []) or seen == []
+            # Re-enabled, the collector may catch up once (the generation depends on
+            # what ran before); while loading, thousands of allocations trigger none.
+            assert len(seen) <= (1 if enabled else 0), seen
             assert gc.isenabled() is enabled
         finally:
             gc.enable()
