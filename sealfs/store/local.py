@@ -189,13 +189,19 @@ class LocalStore:
     def _not_found(self, name: str) -> ObjectNotFoundError:
         return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
 
-    def _write_temp(self, path: Path, name: str, data: bytes) -> Path:
-        """Write data to a new hidden temp file beside path; remove it again on failure."""
+    def _write_temp(self, path: Path, name: str, data: bytes, *, durable: bool = False) -> Path:
+        """Write data to a new hidden temp file beside path; remove it again on failure.
+
+        durable: flush the bytes before returning, for a temp file whose name
+        may become durable before the next sync (see put and put_if_absent).
+        """
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             fd = self._create(tmp)
             try:
                 _write_all(fd, data)
+                if durable:
+                    _fdatasync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -229,9 +235,15 @@ class LocalStore:
         return ObjectInfo(name=name, size=len(data), etag=content_etag(data))
 
     def put(self, name: str, data: bytes) -> None:
-        """Create or replace the object atomically (temp file, then rename)."""
+        """Create or replace the object atomically (temp file, then rename).
+
+        A replacement flushes the new bytes before the rename: a crash could
+        otherwise keep the rename and lose the bytes, and the object (a header,
+        a chunk a rekey re-sealed) would be empty where it used to be whole.
+        ext4 happens to flush on such renames; other file systems need not.
+        """
         path = self._path(name)
-        tmp = self._write_temp(path, name, data)
+        tmp = self._write_temp(path, name, data, durable=os.path.lexists(path))
         try:
             os.replace(tmp, path)
         except OSError as exc:
@@ -242,10 +254,13 @@ class LocalStore:
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Create the object unless it exists (hard link: an atomic exclusive create).
 
-        Raises ObjectExistsError.
+        Raises ObjectExistsError. The bytes are flushed before the link: the new
+        name (a log segment) may reach the disk with a later journal commit
+        that someone else's fsync forces, and an empty newest segment would
+        make the volume fail to mount.
         """
         path = self._path(name)
-        tmp = self._write_temp(path, name, data)
+        tmp = self._write_temp(path, name, data, durable=True)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -257,7 +272,7 @@ class LocalStore:
             raise self._error(exc, f"link into {name}") from exc
         finally:
             _unlink_quietly(tmp)
-        self._written(path)
+        self._written(path, file=False)  # its bytes are on disk already; its entry is not
 
     def put_if_match(self, name: str, data: bytes, etag: str) -> None:
         """Replace the object if its etag is still etag, under an exclusive flock on root/.lock.

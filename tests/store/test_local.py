@@ -210,11 +210,13 @@ def test_sync_flushes_the_objects_written_and_the_directories_changed(
     assert flushes.take() == ([], [])
     store.put("c/ab/x", b"x")
     store.put_if_absent("l/00000001", b"seg")
+    files, _ = flushes.take()
+    # An exclusive create flushes its bytes before the name exists (under a temp name).
+    assert len(files) == 1 and files[0].startswith(str(root / "l" / local.TEMP_PREFIX))
     store.sync()
     # New directories are entries in their parents, up to the root's own entry.
-    at = [str(root / p) for p in ("c/ab/x", "l/00000001")]
     dirs = [str(tmp_path), str(root), str(root / "c"), str(root / "c/ab"), str(root / "l")]
-    assert flushes.take() == (at, dirs)
+    assert flushes.take() == ([str(root / "c/ab/x")], dirs)
     store.sync()
     assert flushes.take() == ([], [])  # nothing was written since
 
@@ -237,6 +239,7 @@ def test_sync_flushes_an_existing_object_that_put_if_absent_found(
     store = LocalStore(tmp_path)
     with pytest.raises(ObjectExistsError):
         store.put_if_absent("l/00000001", b"seg")
+    flushes.take()
     store.sync()
     assert flushes.take()[0] == [str(tmp_path / "l/00000001")]
 
@@ -295,7 +298,7 @@ def test_sync_covers_every_put_that_returned_before_it_started(
     def write(who: int) -> None:
         for i in range(150):
             name = f"c/{i % 7:02x}/{who}-{i}"
-            store.put_if_absent(name, b"x" * i)
+            store.put(name, b"x" * i)  # a new name: its bytes wait for the sync
             with lock:
                 done.append(str(tmp_path / name))
 
@@ -375,3 +378,20 @@ def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count
     del objects["c/00/0"]
     expected = {**objects, "l/00000001": b"segment", "sealfs.vol": b"header v2"}
     assert {name: after.get(name) for name in after.list("")} == expected
+
+
+def test_a_replaced_or_exclusive_object_is_flushed_before_its_name_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash must never leave a name pointing at bytes that were not written."""
+    store = LocalStore(tmp_path)
+    store.put("sealfs.vol", b"v1")
+    flushes = Flushes(monkeypatch)
+    store.put("c/ab/new", b"new")  # a new name: nothing to lose yet, flushed at sync
+    assert flushes.take()[0] == []
+    store.put("sealfs.vol", b"v2")  # a replacement: flushed before the rename
+    store.put_if_absent("l/00000002", b"segment")
+    files, _ = flushes.take()
+    assert len(files) == 2
+    assert all(os.path.basename(f).startswith(local.TEMP_PREFIX) for f in files)
+    assert store.get("sealfs.vol") == b"v2" and store.get("l/00000002") == b"segment"
