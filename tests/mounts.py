@@ -67,8 +67,9 @@ def abort_connection(mountpoint: str) -> None:
                 f.write("1")
 
 
-def daemon_pids(store: Path) -> list[int]:
-    """Pids of sealfs processes serving this store (found by their command line)."""
+def daemon_pids(store: Path | str) -> list[int]:
+    """Pids of sealfs mount daemons serving this store, a path or an s3:// URL (found by
+    their command line)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -133,13 +134,17 @@ class VolumeEnv:
     def status(self) -> dict[str, Any]:
         return dict(json.loads(os.getxattr(self.mnt, STATUS_XATTR)))
 
+    def daemon_pids(self) -> list[int]:
+        """Pids of the mount daemons serving this volume."""
+        return daemon_pids(self.store)
+
     def kill(self) -> None:
         """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
-        for pid in daemon_pids(self.store):
+        for pid in self.daemon_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while daemon_pids(self.store) and time.monotonic() < deadline:
+        while self.daemon_pids() and time.monotonic() < deadline:
             time.sleep(0.02)
         force_unmount(str(self.mnt))
         self._disarm_watchdog()
@@ -152,11 +157,11 @@ class VolumeEnv:
 
     def cleanup(self) -> bool:
         """Remove whatever is left; True if something was (the test leaked a mount)."""
-        leaked = self.is_mounted() or bool(daemon_pids(self.store))
+        leaked = self.is_mounted() or bool(self.daemon_pids())
         if self.is_mounted():
             abort_connection(str(self.mnt))
             force_unmount(str(self.mnt))
-        for pid in daemon_pids(self.store):
+        for pid in self.daemon_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._disarm_watchdog()

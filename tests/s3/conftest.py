@@ -7,10 +7,7 @@ profile and no instance metadata (tests/s3/server.py).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.mounts import CHEAP_KDF, VolumeEnv, abort_connection, force_unmount, sealfs
+from tests.mounts import CHEAP_KDF, VolumeEnv, daemon_pids, sealfs
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import moto_endpoint, new_bucket
 
@@ -41,21 +38,6 @@ def proxy(moto: str) -> Iterator[FaultProxy]:
     p = FaultProxy(moto, seed=1234).start()
     yield p
     p.stop()
-
-
-def s3_daemon_pids(url: str) -> list[int]:
-    """Pids of sealfs mount daemons serving this S3 URL (found by their command line)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"sealfs.cli.main" in b" ".join(cmd) and b"mount" in cmd and url.encode() in cmd:
-            pids.append(int(entry.name))
-    return pids
 
 
 @dataclass
@@ -95,27 +77,8 @@ class S3VolumeEnv(VolumeEnv):
         self._disarm_watchdog()
         return result
 
-    def kill(self) -> None:
-        """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
-        for pid in s3_daemon_pids(self.url):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while s3_daemon_pids(self.url) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        force_unmount(str(self.mnt))
-        self._disarm_watchdog()
-
-    def cleanup(self) -> bool:
-        leaked = self.is_mounted() or bool(s3_daemon_pids(self.url))
-        if self.is_mounted():
-            abort_connection(str(self.mnt))
-            force_unmount(str(self.mnt))
-        for pid in s3_daemon_pids(self.url):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self._disarm_watchdog()
-        return leaked
+    def daemon_pids(self) -> list[int]:
+        return daemon_pids(self.url)
 
 
 @pytest.fixture
