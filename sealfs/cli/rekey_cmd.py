@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     store = store_from(args)
     version = read_header_version(store)
     unlocked = unlock_header(args, version.data)
-    mountpoint = _live_mountpoint(load_unlocked(store, unlocked))
+    loaded = load_unlocked(store, unlocked)
+    mountpoint = _live_mountpoint(loaded)
     header = unlocked.header
     if header.retired is None:
         with kms_clients(args) as clients:
@@ -107,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         progress = _follow_mount(mountpoint)
     else:
-        keys = derive_subkeys(master, header.volume_id)
-        new = dataclasses.replace(unlocked, header=header, master_key=master, subkeys=keys)
-        loaded = load_unlocked(store, new)
+        if loaded.keys.retired_epoch is None:  # started just now: same state, new keys
+            loaded.keys.advance(header.data_epoch, derive_subkeys(master, header.volume_id))
+            loaded.header = header
         check_writer(loaded, takeover=False)
         claim_writer(loaded)
         progress = trio.run(_rekey_here, loaded)
