@@ -19,13 +19,12 @@ from sealfs.cli import init_cmd
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import (
     add_new_key_options,
-    get_new_passphrase,
     kms_clients,
     kms_maker,
     token_slot_maker,
     unlock_header,
 )
-from sealfs.cli.secrets import write_new_secret_file
+from sealfs.cli.secrets import get_passphrase, write_new_secret_file
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -211,7 +210,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
-    passphrase = get_new_passphrase(args.new_passphrase_file)
+    passphrase = get_passphrase(args.new_passphrase_file, confirm=True, new=True)
     return passphrase_slot_maker(passphrase, init_cmd.kdf_params(args))
 
 

@@ -31,13 +31,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from sealfs.cli.secrets import (
     get_passphrase,
-    normalize_passphrase,
     passphrase_source,
     read_secret_file,
+    secret_source,
 )
 from sealfs.errors import ConfigError, FormatError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import VolumeHeader, decode_header
@@ -59,8 +58,6 @@ log = logging.getLogger("sealfs.cli")
 
 UNLOCK_ENV = "SEALFS_UNLOCK"
 UNLOCK_METHODS = ("auto", "passphrase", "kms", "pkcs11")
-NEW_PASSPHRASE_ENV = "SEALFS_NEW_PASSPHRASE_FILE"  # noqa: S105 - a variable name
-NEW_PASSPHRASE_CREDENTIAL = "sealfs-new-passphrase"  # noqa: S105
 PIN_ENV = "SEALFS_PKCS11_PIN_FILE"
 PIN_CREDENTIAL = "sealfs-pkcs11-pin"
 MODULE_ENV = "SEALFS_PKCS11_MODULE"
@@ -147,43 +144,15 @@ def passphrase_configured(args: argparse.Namespace) -> bool:
 # --- secrets from files, the environment, systemd credentials or a prompt
 
 
-def _credential(name: str) -> str | None:
-    creds = os.environ.get("CREDENTIALS_DIRECTORY")
-    if creds and (Path(creds) / name).is_file():
-        return str(Path(creds) / name)
-    return None
-
-
-def _source(explicit: str | None, env: str, credential: str) -> str | None:
-    return explicit or os.environ.get(env) or _credential(credential)
-
-
-def get_new_passphrase(explicit_file: str | None) -> bytes:
-    """A new passphrase: --new-passphrase-file, SEALFS_NEW_PASSPHRASE_FILE, the
-    sealfs-new-passphrase credential, or asked twice on a terminal."""
-    source = _source(explicit_file, NEW_PASSPHRASE_ENV, NEW_PASSPHRASE_CREDENTIAL)
-    if source is not None:
-        return normalize_passphrase(read_secret_file(source, "new passphrase"))
-    if not sys.stdin.isatty():
-        raise ConfigError(
-            "no new passphrase: give --new-passphrase-file FILE, set"
-            f" {NEW_PASSPHRASE_ENV}=FILE, or run on a terminal to be asked"
-        )
-    first = getpass.getpass("New passphrase: ").encode()
-    if not first:
-        raise ConfigError("the passphrase must not be empty")
-    if getpass.getpass("New passphrase (again): ").encode() != first:
-        raise ConfigError("the two passphrases differ: nothing was changed")
-    return normalize_passphrase(first)
-
-
 def has_pin_source(args: argparse.Namespace) -> bool:
-    return _source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL) is not None
+    return (
+        secret_source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL) is not None
+    )
 
 
 def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
     """The token PIN: --pkcs11-pin-file, SEALFS_PKCS11_PIN_FILE, the credential, or a prompt."""
-    source = _source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL)
+    source = secret_source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL)
     if source is not None:
         return Pin(read_secret_file(source, "PKCS#11 PIN"))
     if not sys.stdin.isatty():

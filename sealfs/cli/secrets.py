@@ -14,6 +14,8 @@ from sealfs.errors import ConfigError
 
 PASSPHRASE_ENV = "SEALFS_PASSPHRASE_FILE"  # noqa: S105 - a variable name, not a secret
 CREDENTIAL_NAME = "sealfs-passphrase"
+NEW_PASSPHRASE_ENV = "SEALFS_NEW_PASSPHRASE_FILE"  # noqa: S105 - a variable name
+NEW_PASSPHRASE_CREDENTIAL = "sealfs-new-passphrase"  # noqa: S105
 
 
 def read_secret_file(path: str | Path, what: str) -> bytes:
@@ -31,16 +33,22 @@ def read_secret_file(path: str | Path, what: str) -> bytes:
     return data
 
 
-def passphrase_source(explicit_file: str | None) -> str | None:
-    """The file to read the passphrase from, by precedence, or None for a prompt."""
-    if explicit_file:
-        return explicit_file
-    if os.environ.get(PASSPHRASE_ENV):
-        return os.environ[PASSPHRASE_ENV]
+def secret_source(explicit: str | None, env: str, credential: str) -> str | None:
+    """The file to read a secret from, by precedence: the option, the variable naming a
+    file, systemd's credential; None for a prompt."""
+    if explicit:
+        return explicit
+    if os.environ.get(env):
+        return os.environ[env]
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
-    if creds and (Path(creds) / CREDENTIAL_NAME).is_file():
-        return str(Path(creds) / CREDENTIAL_NAME)
+    if creds and (Path(creds) / credential).is_file():
+        return str(Path(creds) / credential)
     return None
+
+
+def passphrase_source(explicit_file: str | None) -> str | None:
+    """Where the passphrase of an unlock comes from, or None for a prompt."""
+    return secret_source(explicit_file, PASSPHRASE_ENV, CREDENTIAL_NAME)
 
 
 def normalize_passphrase(raw: bytes) -> bytes:
@@ -55,21 +63,33 @@ def normalize_passphrase(raw: bytes) -> bytes:
     return unicodedata.normalize("NFC", text).encode("utf-8")
 
 
-def get_passphrase(explicit_file: str | None, *, confirm: bool) -> bytes:
-    """The passphrase, from a file or (on a terminal) a prompt. Raises ConfigError."""
-    source = passphrase_source(explicit_file)
+def get_passphrase(explicit_file: str | None, *, confirm: bool, new: bool = False) -> bytes:
+    """The passphrase, from a file or (on a terminal) a prompt. Raises ConfigError.
+
+    new: the passphrase a keyslot change sets (its own option, variable and
+    credential; always asked twice).
+    """
+    what = "new passphrase" if new else "passphrase"
+    flag, env, credential = (
+        ("--new-passphrase-file", NEW_PASSPHRASE_ENV, NEW_PASSPHRASE_CREDENTIAL)
+        if new
+        else ("--passphrase-file", PASSPHRASE_ENV, CREDENTIAL_NAME)
+    )
+    source = secret_source(explicit_file, env, credential)
     if source is not None:
-        return normalize_passphrase(read_secret_file(source, "passphrase"))
+        return normalize_passphrase(read_secret_file(source, what))
     if not sys.stdin.isatty():
         raise ConfigError(
-            "no passphrase: give --passphrase-file FILE, set "
-            f"{PASSPHRASE_ENV}=FILE, or run on a terminal to be asked"
+            f"no {what}: give {flag} FILE, set {env}=FILE, or run on a terminal to be asked"
         )
-    first = getpass.getpass("Passphrase: ").encode()
+    prompt = what.capitalize()
+    first = getpass.getpass(f"{prompt}: ").encode()
     if not first:
         raise ConfigError("the passphrase must not be empty")
-    if confirm and getpass.getpass("Passphrase (again): ").encode() != first:
-        raise ConfigError("the two passphrases differ: nothing was created")
+    if (confirm or new) and getpass.getpass(f"{prompt} (again): ").encode() != first:
+        raise ConfigError(
+            f"the two passphrases differ: nothing was {'changed' if new else 'created'}"
+        )
     return normalize_passphrase(first)
 
 
