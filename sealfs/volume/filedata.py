@@ -246,13 +246,16 @@ class FileData:
                 self._chunks.cache.put(chunk.chunk_id, piece)
                 self._set_forced(job, extent)
 
-    async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
+    async def flush(
+        self, job: Detached, sink: list[ops.Op], *, keep_tail: bool, urgent: bool = False
+    ) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
         Returns the bytes kept back (a partial last chunk at end of file, when
         keep_tail asks for it, so that a streaming writer is cut as in one pass).
         Without keep_tail the last chunk is cut at the end of the data; it is
         remembered as the file's forced cut, for the next flush to re-chunk.
+        urgent: a caller waits for this flush (fsync); trade throughput for latency.
         Raises StoreError and friends; then nothing was recorded for this file.
         """
         inode = job.inode
@@ -265,8 +268,9 @@ class FileData:
             for region in _regions(job.data, inode.extents, forced):
                 at_eof = region.end >= job.size
                 extents, kept = await self._seal_region(
-                    region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
-                )
+                    region, job.data, inode.extents, fresh,
+                    at_eof=at_eof, keep_tail=keep_tail, urgent=urgent,
+                )  # fmt: skip
                 end = region.end - len(kept)
                 data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
                 if kept:
@@ -311,6 +315,7 @@ class FileData:
         *,
         at_eof: bool,
         keep_tail: bool,
+        urgent: bool,
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []
@@ -321,7 +326,7 @@ class FileData:
 
         async def store(at: int, piece: memoryview) -> None:
             try:
-                stored = await self._chunks.store(piece, known)
+                stored = await self._chunks.store(piece, known, urgent=urgent)
             finally:
                 slots.release()
             if stored.uploaded:
