@@ -76,6 +76,9 @@ class Committer:
         # The newest snapshot and the segments after it: what compaction starts from.
         self._base = self._loaded.base
         self._tail = self._loaded.tail
+        # Kept as running sums: summing the tail at every commit grew with the log.
+        self._tail_ops = sum(len(logged.segment.ops) for logged in self._tail)
+        self._tail_bytes = sum(logged.size for logged in self._tail)
 
     def record(self, op: ops.Op) -> None:
         """Apply a record to the live state and queue it for the next commit."""
@@ -274,6 +277,8 @@ class Committer:
         self.last_commit_ns = segment.time_ns
         self.segments_written += 1
         self._tail.append(LoggedSegment(segment, digest, len(sealed)))
+        self._tail_ops += len(segment.ops)
+        self._tail_bytes += len(sealed)
 
     def _publish_sync(self, generation: int, sealed: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
@@ -294,11 +299,9 @@ class Committer:
 
         At a clean unmount the bar is lower: the next mount should not replay.
         """
-        ops_since = sum(len(logged.segment.ops) for logged in self._tail)
         if closing:
-            return ops_since >= SNAPSHOT_AT_CLOSE_OPS
-        bytes_since = sum(logged.size for logged in self._tail)
-        return ops_since >= SNAPSHOT_EVERY_OPS or bytes_since >= SNAPSHOT_EVERY_BYTES
+            return self._tail_ops >= SNAPSHOT_AT_CLOSE_OPS
+        return self._tail_ops >= SNAPSHOT_EVERY_OPS or self._tail_bytes >= SNAPSHOT_EVERY_BYTES
 
     async def snapshot(self) -> None:
         """Write s/<gen> for the newest committed generation, in a worker thread.
@@ -323,6 +326,8 @@ class Committer:
                     )
             self._base = (gen, sealed)
             del self._tail[: len(tail)]
+            self._tail_ops -= sum(len(logged.segment.ops) for logged in tail)
+            self._tail_bytes -= sum(logged.size for logged in tail)
             log.info("wrote snapshot %s (%d bytes)", name, len(sealed))
         finally:
             self._compacting = False

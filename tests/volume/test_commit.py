@@ -158,6 +158,28 @@ async def test_only_a_commit_that_an_fsync_waits_for_compresses_on_every_core(
         assert await read_all(v, f) == text[::-1]
 
 
+async def test_snapshot_accounting_restarts_after_each_snapshot(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop keeps running totals of the log since the last snapshot: they must drop
+    to what is left after a snapshot, or snapshots would follow every commit."""
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 20)
+    async with session(volume_store, **QUIET) as v:
+        for k in range(12):
+            await mkfile(v, ROOT_INO, b"a%d" % k)
+        await v.fsync()
+        assert v.commits.snapshot_due()
+        await snapshot_now(v, volume_store)
+        assert not v.commits.snapshot_due()
+        await mkfile(v, ROOT_INO, b"one more")
+        await v.fsync()
+        assert not v.commits.snapshot_due()
+        for k in range(12):
+            await mkfile(v, ROOT_INO, b"b%d" % k)
+        await v.fsync()
+        assert v.commits.snapshot_due()
+
+
 # -- commit failures -------------------------------------------------------------------------
 
 
