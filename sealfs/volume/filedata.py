@@ -260,28 +260,18 @@ class FileData:
         """
         inode = job.inode
         assert inode.extents is not None
-        fresh: dict[bytes, ChunkInfo] = {}
-        data_ops: list[ops.Op] = []
-        tail = SparseBuffer()
-        forced = job.buffers.forced
         try:
-            for region in _regions(job.data, inode.extents, forced):
-                at_eof = region.end >= job.size
-                extents, kept = await self._seal_region(
-                    region, job.data, inode.extents, fresh,
-                    at_eof=at_eof, keep_tail=keep_tail, urgent=urgent,
-                )  # fmt: skip
-                end = region.end - len(kept)
-                data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
-                if kept:
-                    tail.write(end, kept)
-                if at_eof:  # the file now ends in a kept tail (still buffered) or a cut chunk
-                    forced = None if kept else extents[-1]
-        except (IntegrityError, FormatError, ObjectNotFoundError):
-            # A damaged forced chunk must not fail every later commit: the retry seals the
-            # new bytes alone, as before resuming existed (the damage stays where it was).
+            regions = _regions(job.data, inode.extents, job.buffers.forced)
+            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
+        except (IntegrityError, FormatError, ObjectNotFoundError) as exc:
+            # Only the old bytes read for merging or resuming can be damaged; those are an
+            # optimisation. A damaged neighbour must not keep the new bytes (and with them
+            # every later commit) from becoming durable: seal the written ranges alone.
+            log.warning("sealing written bytes of inode %d unmerged: %s", inode.ino, exc)
             job.buffers.forced = None
-            raise
+            regions = _regions(job.data, inode.extents, None, merge=False)
+            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
+        fresh, data_ops, tail, forced = sealed
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
         if inode.ino in self._meta.inodes:
@@ -291,6 +281,31 @@ class FileData:
             sink.extend(data_ops)  # deleted meanwhile: the log still needs the history
         self._set_forced(job, forced)
         return tail
+
+    async def _seal_regions(
+        self, job: Detached, regions: list[Region], *, keep_tail: bool, urgent: bool
+    ) -> tuple[dict[bytes, ChunkInfo], list[ops.Op], SparseBuffer, Extent | None]:
+        """Seal each region; return the new chunks, the data records, the kept tail and
+        the file's forced cut after them. Records nothing (the caller does)."""
+        inode = job.inode
+        assert inode.extents is not None
+        fresh: dict[bytes, ChunkInfo] = {}
+        data_ops: list[ops.Op] = []
+        tail = SparseBuffer()
+        forced = job.buffers.forced
+        for region in regions:
+            at_eof = region.end >= job.size
+            extents, kept = await self._seal_region(
+                region, job.data, inode.extents, fresh,
+                at_eof=at_eof, keep_tail=keep_tail, urgent=urgent,
+            )  # fmt: skip
+            end = region.end - len(kept)
+            data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
+            if kept:
+                tail.write(end, kept)
+            if at_eof:  # the file now ends in a kept tail (still buffered) or a cut chunk
+                forced = None if kept else extents[-1]
+        return fresh, data_ops, tail, forced
 
     def _set_forced(self, job: Detached, forced: Extent | None) -> None:
         """Remember the file's forced cut, once its flush is recorded. A forced chunk that
@@ -431,18 +446,21 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
         raise first from None
 
 
-def _regions(data: SparseBuffer, extents: ExtentMap, forced: Extent | None) -> list[Region]:
+def _regions(
+    data: SparseBuffer, extents: ExtentMap, forced: Extent | None, *, merge: bool = True
+) -> list[Region]:
     """Written ranges widened over a forced cut they continue and over small neighbouring
-    pieces, then merged."""
+    pieces (unless merge is off), then merged where they touch."""
     spans: list[list[int]] = []
     for start, buf in data.ranges():
         lo, hi = start, start + len(buf)
-        lo = _resume_point(lo, hi, extents, forced)
-        # Absorb every small piece in a row, not just the nearest: else fragments pile up.
-        while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
-            lo = left.start
-        while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
-            hi = right.end
+        if merge:
+            lo = _resume_point(lo, hi, extents, forced)
+            # Absorb every small piece in a row, not just the nearest: else fragments pile up.
+            while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
+                lo = left.start
+            while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
+                hi = right.end
         if spans and lo <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], hi)
         else:

@@ -524,12 +524,21 @@ async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
         assert await read_all(v, attr.ino) == data[:committed]
 
 
-async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
-    volume_store: MemoryStore,
+def damage(store: MemoryStore, chunk_id: bytes) -> str:
+    """Flip one bit in the middle of a stored chunk; return its name."""
+    name = chunk_name(chunk_id)
+    sealed = bytearray(store._objects[name])
+    sealed[len(sealed) // 2] ^= 1
+    store._objects[name] = bytes(sealed)
+    return name
+
+
+async def test_a_damaged_forced_chunk_does_not_fail_the_commit_of_new_bytes(
+    volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Resuming re-reads a committed chunk. If the store damaged it (and it is no longer
-    in memory), the commit fails with IntegrityError, but the next one seals the new
-    bytes without resuming: the file's later writes still become durable."""
+    in memory), the flush seals the new bytes without resuming and says which object is
+    damaged: the file's later writes still become durable, the damage stays put."""
     data = stream(14, 14 * MiB)
     async with session(volume_store, **dict(STREAMING, chunk_cache_bytes=0)) as v:
         first = end_inside_a_chunk(v, data[: 9 * MiB])
@@ -540,14 +549,10 @@ async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
         forced = v.files.files[attr.ino].forced
         # At least MIN_CHUNK, so that no fragment merge re-reads it: only resuming does.
         assert forced is not None and forced.end == first and forced.length >= MIN_CHUNK
-        name = chunk_name(forced.chunk)
-        sealed = bytearray(volume_store._objects[name])
-        sealed[len(sealed) // 2] ^= 1
-        volume_store._objects[name] = bytes(sealed)
+        name = damage(volume_store, forced.chunk)
         await v.write(fh, first, data[first:])
-        with pytest.raises(IntegrityError):
-            await v.fsync()
-        await v.fsync()  # the retry: the new bytes are committed, the damage stays put
+        await v.fsync()
+        assert any(name in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
         assert await v.read(fh, 0, forced.start) == data[: forced.start]
         assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
         with pytest.raises(IntegrityError):
@@ -557,4 +562,36 @@ async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
         assert v.inode(attr.ino).size == len(data)
         fh = await v.open(attr.ino, RW)
         assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
+        await v.release(fh)
+
+
+async def test_a_damaged_small_neighbour_does_not_block_commits(
+    volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write next to a fragment re-chunks the fragment with it. If that fragment is
+    damaged, every commit would fail for good (one failing file fails the whole commit):
+    the written bytes are sealed alone instead, and the damage stays where it was."""
+    head = stream(15, 100_000)
+    async with session(volume_store, chunk_cache_bytes=0, commit_interval=3600.0) as v:
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await v.write(fh, 0, head)
+        await v.fsync()
+        extents = v.inode(attr.ino).extents
+        assert extents is not None
+        fragment = extents.covering(0)
+        assert fragment is not None and fragment.length < MIN_CHUNK
+        name = damage(volume_store, fragment.chunk)
+        tails = [stream(16 + k, 10_000) for k in range(3)]
+        for k, tail in enumerate(tails):
+            await v.write(fh, len(head) + 10_000 * k, tail)
+            await v.fsync()  # each one commits, none is stuck behind the damage
+        assert any(name in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+        assert await v.read(fh, len(head), 30_000) == b"".join(tails)
+        with pytest.raises(IntegrityError):
+            await v.read(fh, 0, 10)
+        await v.release(fh)
+    async with session(volume_store) as v:
+        assert v.inode(attr.ino).size == len(head) + 30_000
+        fh = await v.open(attr.ino, RW)
+        assert await v.read(fh, len(head), 30_000) == b"".join(tails)
         await v.release(fh)
