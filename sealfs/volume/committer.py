@@ -85,7 +85,7 @@ class Committer:
         record(self._live, self.pending, op)
 
     def has_work(self) -> bool:
-        return bool(self.pending) or bool(self._files.dirty_inodes())
+        return bool(self.pending) or self._files.has_dirty()
 
     def kick(self) -> None:
         self._wake.set()

@@ -55,8 +55,6 @@ class FileBuffers:
     dirty: SparseBuffer = field(default_factory=SparseBuffer)
     flushing: SparseBuffer | None = None
     idle: trio.Event = field(default_factory=_set_event)  # set while nothing is flushing
-    # The file's last extent when a flush cut it only because the data ended there.
-    forced: Extent | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,12 @@ class FileData:
         self._chunker = chunker
         self._spawn = spawn
         self._read_pos: dict[int, int] = {}  # where each file's last read ended
+        # Only files with buffered bytes or a flush running: an entry per file ever
+        # written would cost memory (~0.5 KiB each) and every commit a scan.
         self.files: dict[int, FileBuffers] = {}
+        # A file's last extent when a flush cut it only because the data ended there.
+        self.forced: dict[int, Extent] = {}
+        self._dirty: dict[int, None] = {}  # files with dirty bytes, in first-write order
         self.buffered_bytes = 0  # dirty plus flushing, across files
         self.space = trio.Event()  # set when buffered_bytes drops
 
@@ -93,7 +96,10 @@ class FileData:
         return fb
 
     def dirty_inodes(self) -> list[int]:
-        return [ino for ino, fb in self.files.items() if fb.dirty]
+        return list(self._dirty)
+
+    def has_dirty(self) -> bool:
+        return bool(self._dirty)
 
     # -- writes and truncation ---------------------------------------------------------
 
@@ -103,6 +109,8 @@ class FileData:
         before = fb.dirty.nbytes
         fb.dirty.write(offset, data)
         self.buffered_bytes += fb.dirty.nbytes - before
+        if fb.dirty:
+            self._dirty[inode.ino] = None
         inode.size = max(inode.size, offset + len(data))
 
     async def wait_idle(self, ino: int) -> None:
@@ -118,10 +126,14 @@ class FileData:
             before = fb.dirty.nbytes
             fb.dirty.truncate(size)
             self.buffered_bytes -= before - fb.dirty.nbytes
+            if not fb.dirty:
+                self._dirty.pop(ino, None)
 
     def forget(self, ino: int) -> None:
         """The inode is gone: drop its buffers without flushing them."""
         fb = self.files.pop(ino, None)
+        self._dirty.pop(ino, None)
+        self.forced.pop(ino, None)
         if fb is not None:
             self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
             self.space.set()
@@ -190,6 +202,7 @@ class FileData:
         if fb is None or not fb.dirty or fb.flushing is not None:
             return None
         fb.flushing, fb.dirty = fb.dirty, SparseBuffer()
+        self._dirty.pop(inode.ino, None)
         fb.idle = trio.Event()
         return Detached(inode, fb, fb.flushing, inode.size)
 
@@ -207,6 +220,10 @@ class FileData:
             for start, data in keep.ranges():
                 fb.dirty.write_under(start, data)
             self.buffered_bytes += fb.dirty.nbytes - before
+        if fb.dirty:
+            self._dirty[job.inode.ino] = None
+        else:
+            del self.files[job.inode.ino]  # nothing buffered, nothing flushing
         self.space.set()
         self.space = trio.Event()
 
@@ -218,7 +235,7 @@ class FileData:
             return None
         start, buf = ranges[0]
         assert job.inode.extents is not None
-        regions = _regions(job.data, job.inode.extents, job.buffers.forced)
+        regions = _regions(job.data, job.inode.extents, self.forced.get(job.inode.ino))
         if regions != [Region(start, start + len(buf))]:
             return None
         return start, bytes(buf)
@@ -261,14 +278,14 @@ class FileData:
         inode = job.inode
         assert inode.extents is not None
         try:
-            regions = _regions(job.data, inode.extents, job.buffers.forced)
+            regions = _regions(job.data, inode.extents, self.forced.get(inode.ino))
             sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
         except (IntegrityError, FormatError, ObjectNotFoundError) as exc:
             # Only the old bytes read for merging or resuming can be damaged; those are an
             # optimisation. A damaged neighbour must not keep the new bytes (and with them
             # every later commit) from becoming durable: seal the written ranges alone.
             log.warning("sealing written bytes of inode %d unmerged: %s", inode.ino, exc)
-            job.buffers.forced = None
+            self.forced.pop(inode.ino, None)
             regions = _regions(job.data, inode.extents, None, merge=False)
             sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
         fresh, data_ops, tail, forced = sealed
@@ -292,7 +309,7 @@ class FileData:
         fresh: dict[bytes, ChunkInfo] = {}
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
-        forced = job.buffers.forced
+        forced = self.forced.get(inode.ino)
         for region in regions:
             at_eof = region.end >= job.size
             extents, kept = await self._seal_region(
@@ -311,7 +328,10 @@ class FileData:
         """Remember the file's forced cut, once its flush is recorded. A forced chunk that
         the flush superseded leaves the LRU: no extent of the file reads it any more, and
         a long streaming write would otherwise fill the read cache, one per commit."""
-        old, job.buffers.forced = job.buffers.forced, forced
+        ino = job.inode.ino
+        old = self.forced.pop(ino, None)
+        if forced is not None and self.files.get(ino) is job.buffers:  # not deleted meanwhile
+            self.forced[ino] = forced
         extents = job.inode.extents
         if (
             old is not None

@@ -483,7 +483,7 @@ async def test_a_small_append_does_not_reseal_a_forced_chunk(volume_store: Memor
         fh, attr = await v.create(ROOT_INO, b"log", 0o644, RW, UID, GID)
         await v.write(fh, 0, data)
         await v.fsync()
-        forced = v.files.files[attr.ino].forced
+        forced = v.files.forced.get(attr.ino)
         assert forced is not None and forced.end == len(data)
         assert forced.length >= MIN_CHUNK - 1
         uploaded = v.chunks.uploaded_bytes
@@ -509,7 +509,7 @@ async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
             fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
             await write_from(v, fh, data, 0, committed)
             await v.fsync()
-            forced = v.files.files[attr.ino].forced
+            forced = v.files.forced.get(attr.ino)
             assert forced is not None and forced.end == committed
             segments = v.commits.segments_written
             await write_from(v, fh, data, committed, len(data))
@@ -546,7 +546,7 @@ async def test_a_damaged_forced_chunk_does_not_fail_the_commit_of_new_bytes(
         fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
         await v.write(fh, 0, data[:first])
         await v.fsync()
-        forced = v.files.files[attr.ino].forced
+        forced = v.files.forced.get(attr.ino)
         # At least MIN_CHUNK, so that no fragment merge re-reads it: only resuming does.
         assert forced is not None and forced.end == first and forced.length >= MIN_CHUNK
         name = damage(volume_store, forced.chunk)
@@ -595,3 +595,22 @@ async def test_a_damaged_small_neighbour_does_not_block_commits(
         fh = await v.open(attr.ino, RW)
         assert await v.read(fh, len(head), 30_000) == b"".join(tails)
         await v.release(fh)
+
+
+async def test_committed_files_leave_no_buffers_behind(volume_store: MemoryStore) -> None:
+    """Per-file buffer state lives only while a file has bytes to flush: a mount that
+    wrote many files must not hold memory for each, nor scan them all at every commit."""
+    async with session(volume_store, commit_interval=3600.0) as v:
+        inos = [await mkfile(v, ROOT_INO, b"f%d" % k, b"data %d" % k) for k in range(300)]
+        assert set(v.files.dirty_inodes()) == set(inos)
+        assert v.commits.has_work()
+        await v.fsync()
+        assert v.files.files == {} and v.files.dirty_inodes() == []
+        assert not v.commits.has_work()
+        fh = await v.open(inos[7], RW)
+        await v.write(fh, 0, b"DATA")
+        assert v.files.dirty_inodes() == [inos[7]]
+        await v.release(fh)
+        await v.fsync()
+        assert v.files.files == {}
+        assert await read_all(v, inos[7]) == b"DATA 7"

@@ -587,6 +587,16 @@ class VolumeMachine(RuleBasedStateMachine):
             counted, held = self.call(count)
             assert counted == held
 
+    @invariant()
+    def dirty_index_matches_buffers(self) -> None:
+        async def both() -> tuple[set[int], set[int]]:
+            files = self.v.files
+            return set(files.dirty_inodes()), {i for i, fb in files.files.items() if fb.dirty}
+
+        if self.host is not None:
+            indexed, scanned = self.call(both)
+            assert indexed == scanned
+
 
 def test_random_operations_against_a_model(
     monkeypatch: pytest.MonkeyPatch, kdf_params: Argon2Params
