@@ -219,6 +219,11 @@ _SHAPES: dict[int, tuple[type, ...]] = {
 }
 
 
+# Inode fields that the kernel and the stat module hold in 32 bits: mode, uid, gid.
+_U32_FIELDS = (1, 2, 3)
+_U32_MAX = 0xFFFF_FFFF
+
+
 def check_inode_fields(fields: list[Any]) -> None:
     """The fast path of check() for the 12 inode fields of a snapshot row."""
     if type(fields[11]) is not bytes:
@@ -227,6 +232,13 @@ def check_inode_fields(fields: list[Any]) -> None:
         value = fields[k]
         if type(value) is not int or value < 0:
             raise FormatError("malformed inode record in metadata")
+    _check_u32_fields(fields)
+
+
+def _check_u32_fields(fields: list[Any]) -> None:
+    # A larger mode would make the stat module raise OverflowError, not FormatError.
+    if any(fields[k] > _U32_MAX for k in _U32_FIELDS):
+        raise FormatError("malformed inode record in metadata (mode, uid or gid too large)")
 
 
 def check(op: object) -> None:
@@ -243,3 +255,5 @@ def check(op: object) -> None:
                 raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
         elif type(value) is not kind:
             raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
+    if op[0] == PUT_INODE:
+        _check_u32_fields(op[1:])

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sealfs.crypto.envelope import ObjectKind
@@ -245,6 +245,8 @@ def test_malformed_snapshot_rows_are_format_errors(
 
 @settings(max_examples=200)
 @given(st.integers(0, 13), msgpack_values)
+@example(1, 2**32)  # a mode past 32 bits made the stat module raise OverflowError
+@example(3, 2**64 - 1)
 def test_snapshot_inode_row_with_one_bad_field_is_a_format_error(index: int, value: object) -> None:
     row = [3, stat.S_IFREG | 0o644, 0, 0, 1, 10, 1, 1, 1, 0, 0, b"", {}, []]
     row[index] = value

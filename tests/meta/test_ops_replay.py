@@ -47,6 +47,7 @@ msgpack_values = st.recursive(
 
 field_values = (
     st.integers(-2, 12) | st.sampled_from([stat.S_IFDIR | 0o755, stat.S_IFREG | 0o644])
+    | st.sampled_from([2**32, 2**64 - 1])  # beyond what stat and the kernel take
     | st.binary(max_size=3) | st.sampled_from([b"A" * 32, b"x"]) | st.booleans() | st.none()
     | st.text(max_size=3)
     | st.lists(st.lists(st.integers(-1, 40) | st.sampled_from([b"A" * 32]), max_size=5), max_size=3)
