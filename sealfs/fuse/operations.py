@@ -221,6 +221,11 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def flush(self, fh: int) -> None:
+        if not self.volume.options.sync_on_close:
+            # close() then waits for nothing, and the kernel handles locks itself (no
+            # lock handlers): ENOSYS makes it stop sending FLUSH on this mount, one
+            # request fewer per close(2) (cp -a of many small files: 1 in 10).
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         await self.volume.flush(fh)
 
     @_boundary

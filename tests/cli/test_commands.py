@@ -127,11 +127,14 @@ def test_sync_on_close_makes_close_durable(volume_env: VolumeEnv) -> None:
     data = os.urandom(300_000)
     with open(env.mnt / "closed", "wb") as f:
         f.write(data)
+    with open(env.mnt / "closed-too", "wb") as f:  # every close commits, not just the first
+        f.write(data[:1000])
     env.kill()
     # Same host, writer killed: its pid is dead, so a plain mount (no --takeover) works.
     env.mount()
     try:
         assert (env.mnt / "closed").read_bytes() == data
+        assert (env.mnt / "closed-too").read_bytes() == data[:1000]
     finally:
         env.umount()
 
