@@ -8,6 +8,7 @@ the object, a full store to ENOSPC, anything unexpected to EIO with a trace.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -28,7 +29,7 @@ from sealfs.errors import (
     StoreError,
 )
 from sealfs.volume.attrs import IO_SIZE, Attr
-from sealfs.volume.engine import Volume
+from sealfs.volume.engine import POSIX_ACL_ACCESS, Volume
 from sealfs.volume.status import volume_status
 
 log = logging.getLogger("sealfs.fuse")
@@ -294,6 +295,12 @@ class Operations(pyfuse3.Operations):
             await self.volume.adopt_rekey(value)
             return
         await self.volume.setxattr(inode, name, value)
+        if name == POSIX_ACL_ACCESS:
+            # The engine applied it as a chmod, which the kernel does not know of (without
+            # FUSE_POSIX_ACL it treats ACLs as opaque xattrs): its cached mode, used for
+            # permission checks, must go. It holds nothing to drop if this fails.
+            with contextlib.suppress(OSError):
+                pyfuse3.invalidate_inode(inode, attr_only=True)
 
     @_boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import stat
+import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,9 +45,17 @@ XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 65536
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
-# Without ACL support these must fail: a stored ACL would be taken as applied (cp -a
-# sets modes through it) while the mode bits, which the kernel checks, stay unchanged.
-POSIX_ACL_XATTRS = (b"system.posix_acl_access", b"system.posix_acl_default")
+# ACLs are not stored: one stored but not applied would be taken as applied (cp -a sets
+# modes through it) while the mode bits, which the kernel checks, stay unchanged. An
+# access ACL that only restates the mode is applied as a chmod, as ext4 does.
+POSIX_ACL_ACCESS = b"system.posix_acl_access"
+POSIX_ACL_XATTRS = (POSIX_ACL_ACCESS, b"system.posix_acl_default")
+# The kernel's ACL xattr encoding: a version, then (tag, permissions, id) per entry, in
+# tag order. Owner, group and other entries alone are exactly the mode's 0o777 bits.
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+_ACL_VERSION = 2
+_ACL_MODE_TAGS = (0x01, 0x04, 0x20)  # ACL_USER_OBJ, ACL_GROUP_OBJ, ACL_OTHER
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -619,6 +628,9 @@ class Volume:
             raise FsError(errno.ERANGE)
         if len(value) > XATTR_SIZE_MAX:
             raise FsError(errno.E2BIG)
+        if name == POSIX_ACL_ACCESS:
+            self._chmod_by_acl(inode, value)
+            return
         if name in POSIX_ACL_XATTRS:
             raise FsError(errno.EOPNOTSUPP)
         if flags & XATTR_CREATE and name in inode.xattrs:
@@ -628,9 +640,26 @@ class Volume:
         self._record(ops.set_xattr(ino, name, value))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
+    def _chmod_by_acl(self, inode: Inode, value: bytes) -> None:
+        """Apply an access ACL that only restates permission bits, as a chmod (nothing is
+        stored, as on ext4). cp -a sets modes this way and falls back to chmod only when
+        refused: a request per file saved. Raises FsError(EOPNOTSUPP) for any other ACL.
+
+        The kernel checked ownership and the ACL's validity. ext4 also clears S_ISGID when
+        the caller is outside the file's group and lacks CAP_FSETID; the daemon cannot
+        tell, so set-group-ID files are refused too and get the kernel-checked chmod.
+        """
+        bits = _mode_of_acl(value)
+        if bits is None or inode.mode & stat.S_ISGID:
+            raise FsError(errno.EOPNOTSUPP)
+        mode = (inode.mode & ~0o777) | bits
+        self._record(ops.put_inode(inode, mode=mode, ctime_ns=time.time_ns()))
+
     async def removexattr(self, ino: int, name: bytes) -> None:
         self._writable()
         inode = self.inode(ino)
+        if name in POSIX_ACL_XATTRS:
+            return  # there is never one to remove, and ext4 succeeds then too
         if name not in inode.xattrs:
             raise FsError(errno.ENODATA)
         self._record(ops.del_xattr(ino, name))
@@ -646,6 +675,22 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _mode_of_acl(value: bytes) -> int | None:
+    """The permission bits an ACL xattr stands for, if it holds only the owner, group and
+    other entries; None for any other ACL."""
+    if len(value) != _ACL_HEADER.size + len(_ACL_MODE_TAGS) * _ACL_ENTRY.size:
+        return None
+    if _ACL_HEADER.unpack_from(value)[0] != _ACL_VERSION:
+        return None
+    bits = 0
+    for k, tag in enumerate(_ACL_MODE_TAGS):
+        e_tag, perm, _ = _ACL_ENTRY.unpack_from(value, _ACL_HEADER.size + k * _ACL_ENTRY.size)
+        if e_tag != tag or perm > 0o7:
+            return None
+        bits = bits << 3 | perm
+    return bits
 
 
 def _check_name(name: bytes) -> None:

@@ -28,6 +28,7 @@ import trio
 
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
+from tests.acls import NAMED_USER_ACL, mode_acl
 from tests.conftest import mounted
 from tests.mounts import VolumeEnv
 from tests.prereq import require
@@ -1085,24 +1086,70 @@ def test_xattr_change_updates_ctime(mounted_env: VolumeEnv) -> None:
     assert after.st_mtime_ns == before.st_mtime_ns
 
 
-def test_posix_acl_xattr_refused_so_cp_a_keeps_modes(
-    mounted_env: VolumeEnv, tmp_path: Path
-) -> None:
-    """Regression: ACL xattrs were stored as plain xattrs, so cp -a (which sets modes
-    through system.posix_acl_access) left every copied file at its creation mode 0600."""
+def test_posix_acl_restating_the_mode_is_a_chmod(mounted_env: VolumeEnv) -> None:
+    """cp -a sets modes with such an ACL and chmods only when it is refused: applying it as
+    a chmod (as ext4 does; nothing is stored) saves a request per copied file."""
+    script = mounted_env.mnt / "script"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(script, 0o755)
+    subprocess.run([script], check=True)
+    os.setxattr(script, "system.posix_acl_access", mode_acl(0o644))
+    with pytest.raises(PermissionError):  # even root needs an x bit: the kernel saw 0644
+        subprocess.run([script], check=False)
     f = mounted_env.mnt / "f"
     f.write_bytes(b"")
-    acl = bytes.fromhex("0200000001000600ffffffff04000400ffffffff20000400ffffffff")
-    assert_errno(errno.EOPNOTSUPP, os.setxattr, f, "system.posix_acl_access", acl)
+    os.chmod(f, 0o600)
+    before = os.stat(f)
+    os.setxattr(f, "system.posix_acl_access", mode_acl(0o640))
+    after = os.stat(f)
+    assert after.st_mode == stat.S_IFREG | 0o640  # at once: the kernel's cached mode is gone
+    assert after.st_ctime_ns > before.st_ctime_ns
     assert_errno(errno.ENODATA, os.getxattr, f, "system.posix_acl_access")
     assert os.listxattr(f) == []
-    src = tmp_path / "src"
-    src.write_bytes(b"data")
-    os.chmod(src, 0o644)
-    run("cp", "-a", src, mounted_env.mnt / "copy")
-    assert os.stat(mounted_env.mnt / "copy").st_mode == stat.S_IFREG | 0o644
+    os.removexattr(f, "system.posix_acl_access")  # there is none to remove: as on ext4
     remount(mounted_env)
-    assert os.stat(mounted_env.mnt / "copy").st_mode == stat.S_IFREG | 0o644
+    assert os.stat(f).st_mode == stat.S_IFREG | 0o640
+
+
+def test_posix_acls_beyond_the_mode_are_refused(mounted_env: VolumeEnv) -> None:
+    """Regression: ACL xattrs were stored as plain xattrs, so cp -a took them as applied
+    and left every copied file at its creation mode 0600. Those the mode cannot express
+    still fail, so that programs fall back to chmod."""
+    mnt = mounted_env.mnt
+    f, d, sgid = mnt / "f", mnt / "d", mnt / "sgid"
+    f.write_bytes(b"")
+    os.chmod(f, 0o600)
+    d.mkdir(mode=0o755)
+    sgid.write_bytes(b"")
+    os.chmod(sgid, 0o2750)
+    assert_errno(errno.EOPNOTSUPP, os.setxattr, f, "system.posix_acl_access", NAMED_USER_ACL)
+    assert_errno(errno.EOPNOTSUPP, os.setxattr, d, "system.posix_acl_default", mode_acl(0o700))
+    # ext4 would clear S_ISGID for a caller outside the group; the daemon cannot tell.
+    assert_errno(errno.EOPNOTSUPP, os.setxattr, sgid, "system.posix_acl_access", mode_acl(0))
+    assert os.stat(f).st_mode == stat.S_IFREG | 0o600
+    assert os.stat(sgid).st_mode == stat.S_IFREG | 0o2750
+    assert os.listxattr(f) == os.listxattr(d) == []
+
+
+def test_cp_a_keeps_modes(mounted_env: VolumeEnv, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    modes = {"plain": 0o644, "private": 0o600, "suid": 0o4755, "sgid-dir": 0o2750}
+    src.mkdir()
+    for name, mode in modes.items():
+        path = src / name
+        if name.endswith("-dir"):
+            path.mkdir()
+            (path / "inner").write_bytes(b"x")
+            os.chmod(path / "inner", 0o640)
+        else:
+            path.write_bytes(b"data")
+        os.chmod(path, mode)
+    run("cp", "-a", src, mounted_env.mnt / "copy")
+    for _ in range(2):
+        for name, mode in modes.items():
+            assert stat.S_IMODE(os.stat(mounted_env.mnt / "copy" / name).st_mode) == mode, name
+        assert stat.S_IMODE(os.stat(mounted_env.mnt / "copy/sgid-dir/inner").st_mode) == 0o640
+        remount(mounted_env)
 
 
 # -- whole volume and special nodes ------------------------------------------------------

@@ -28,6 +28,7 @@ from sealfs.volume.engine import (
     Volume,
 )
 from sealfs.volume.loader import open_volume
+from tests.acls import NAMED_USER_ACL, mode_acl
 from tests.conftest import PASSPHRASE, mounted
 from tests.meta.test_codec import inode_signature
 
@@ -487,6 +488,29 @@ async def test_xattrs(volume_store: ObjectStore) -> None:
         assert await v.getxattr(f, b"user.a") == b"2"
         assert await v.getxattr(ROOT_INO, b"user.root") == b"r"
         await expect(errno.ENODATA, v.getxattr(f, b"user.b"))
+
+
+async def test_access_acl_restating_the_mode_is_a_chmod(volume_store: ObjectStore) -> None:
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f")
+        await v.setattr(f, mode=0o4600)
+        before = v.inode(f).ctime_ns
+        await v.setxattr(f, b"system.posix_acl_access", mode_acl(0o751))
+        assert v.inode(f).mode == stat.S_IFREG | 0o4751  # special bits are not the ACL's
+        assert v.inode(f).ctime_ns > before
+        assert await v.listxattr(f) == []
+        await expect(errno.ENODATA, v.getxattr(f, b"system.posix_acl_access"))
+        await v.removexattr(f, b"system.posix_acl_access")  # never one to remove: as ext4
+        await v.removexattr(f, b"system.posix_acl_default")
+        await expect(errno.EOPNOTSUPP, v.setxattr(f, b"system.posix_acl_access", NAMED_USER_ACL))
+        await expect(errno.EOPNOTSUPP, v.setxattr(f, b"system.posix_acl_access", b"\2\0\0\0"))
+        await expect(errno.EOPNOTSUPP, v.setxattr(ROOT_INO, b"system.posix_acl_default",
+                                                  mode_acl(0o755)))  # fmt: skip
+        await v.setattr(f, mode=0o2750)  # ext4 might clear S_ISGID here; the daemon can't tell
+        await expect(errno.EOPNOTSUPP, v.setxattr(f, b"system.posix_acl_access", mode_acl(0)))
+        assert v.inode(f).mode == stat.S_IFREG | 0o2750
+    async with session(volume_store) as v:
+        assert v.inode(await ino_of(v, "f")).mode == stat.S_IFREG | 0o2750
 
 
 async def test_symlinks(volume_store: ObjectStore) -> None:
