@@ -178,7 +178,8 @@ class FileData:
         if not sequential:
             return
         for piece in extents.pieces(end, end + READAHEAD):
-            if self._chunks.cache.get(piece.chunk) is None:
+            # Most requests find the next chunks cached or on their way: spawn no task then.
+            if self._chunks.wanted(piece.chunk):
                 cid = piece.chunk
                 self._spawn(lambda cid=cid: self._chunks.prefetch(cid))  # type: ignore[misc]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
 from sealfs.errors import IntegrityError
@@ -558,3 +559,28 @@ async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
         fh = await v.open(attr.ino, RW)
         assert await v.read(fh, forced.end, len(data)) == data[forced.end :]
         await v.release(fh)
+
+
+async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectStore) -> None:
+    """Regression: every request of a sequential reader spawned a prefetch task for each
+    chunk ahead that was not cached yet, also while one was already fetching it."""
+    data = stream(13, 24 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "f")
+        prefetched: list[bytes] = []
+        real = v.chunks.prefetch
+
+        async def counting(chunk_id: bytes) -> None:
+            prefetched.append(chunk_id)
+            await real(chunk_id)
+
+        v.chunks.prefetch = counting  # type: ignore[method-assign]
+        fh = await v.open(ino, RW)
+        for pos in range(0, len(data), WRITE):
+            assert await v.read(fh, pos, WRITE) == data[pos : pos + WRITE]
+            await trio.testing.wait_all_tasks_blocked()  # as between two FUSE requests
+        await v.release(fh)
+        assert len(prefetched) == len(set(prefetched))
+        assert len(prefetched) >= len(chunk_ids(v, ino)) - 2
