@@ -128,27 +128,34 @@ class FileData:
 
     # -- reads ---------------------------------------------------------------------------
 
-    async def read(self, inode: Inode, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset + size) clipped to the file size, as of the call."""
+    async def read(self, inode: Inode, offset: int, size: int) -> memoryview:
+        """Bytes [offset, offset + size) clipped to the file size, as of the call.
+
+        A view, not a copy: a read inside one chunk with nothing buffered over it
+        (nearly every request of a sequential reader) is a slice of the cached,
+        immutable plaintext, which pyfuse3 replies from without copying. Such a
+        view keeps its chunk (at most MAX_CHUNK bytes) alive while it is held.
+        """
         end = min(offset + size, inode.size)
         if offset >= end:
-            return b""
+            return memoryview(b"")
         assert inode.extents is not None
         pieces = inode.extents.pieces(offset, end)
         fb = self.files.get(inode.ino)
         layers = []
         if fb is not None:
             layers = [b.copy_range(offset, end) for b in (fb.flushing, fb.dirty) if b]
+        datas = await self._fetch(pieces)
+        self._readahead(inode.ino, inode.extents, offset, end)
+        if len(pieces) == 1 and pieces[0].length == end - offset and not any(layers):
+            return _slice(datas[0], pieces[0])
         out = bytearray(end - offset)
-        for piece, data in zip(pieces, await self._fetch(pieces), strict=True):
+        for piece, data in zip(pieces, datas, strict=True):
             lo = piece.start - offset
-            out[lo : lo + piece.length] = data[
-                piece.chunk_offset : piece.chunk_offset + piece.length
-            ]
+            out[lo : lo + piece.length] = _slice(data, piece)
         for layer in layers:
             layer.overlay(out, offset)
-        self._readahead(inode.ino, inode.extents, offset, end)
-        return bytes(out)
+        return memoryview(out)
 
     async def _fetch(self, pieces: list[Extent]) -> list[bytes]:
         ids = list(dict.fromkeys(p.chunk for p in pieces))
@@ -425,6 +432,11 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
         if not isinstance(first, Exception):
             raise
         raise first from None
+
+
+def _slice(chunk: bytes, piece: Extent) -> memoryview:
+    """The bytes of chunk that piece maps, without copying them."""
+    return memoryview(chunk)[piece.chunk_offset : piece.chunk_offset + piece.length]
 
 
 def _regions(data: SparseBuffer, extents: ExtentMap, forced: Extent | None) -> list[Region]:

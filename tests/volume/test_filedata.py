@@ -561,6 +561,37 @@ async def test_a_damaged_forced_chunk_fails_one_commit_not_every_later_one(
         await v.release(fh)
 
 
+async def test_a_read_inside_one_chunk_is_a_view_of_the_cached_chunk(
+    volume_store: ObjectStore,
+) -> None:
+    data = stream(11, 3 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "f")
+        first = chunk_ids(v, ino)[0]
+        fh = await v.open(ino, RW)
+        got = await v.read(fh, 1000, WRITE)
+        assert got == data[1000 : 1000 + WRITE]
+        assert got.obj is v.chunks.cache.get(first), "the read copied the chunk"
+        assert got.readonly
+        await v.release(fh)
+
+
+async def test_a_read_inside_one_chunk_sees_bytes_buffered_over_it(
+    volume_store: ObjectStore,
+) -> None:
+    data = stream(12, 3 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        fh = await v.open(await ino_of(v, "f"), RW)
+        await v.write(fh, 1000, b"new bytes")
+        expected = data[:1000] + b"new bytes" + data[1009:WRITE]
+        assert await v.read(fh, 0, WRITE) == expected
+        await v.release(fh)
+
+
 async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectStore) -> None:
     """Regression: every request of a sequential reader spawned a prefetch task for each
     chunk ahead that was not cached yet, also while one was already fetching it."""
