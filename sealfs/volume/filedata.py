@@ -20,14 +20,14 @@ flush that read it.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from sealfs.chunking.fastcdc import MIN_CHUNK, Chunker
+from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
@@ -324,7 +324,6 @@ class FileData:
         out: list[Extent] = []
         slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by in-flight chunks
         known = _Known(self._meta.chunks, fresh)
-        window = bytearray()
         pos = region.start
 
         async def store(at: int, piece: memoryview) -> None:
@@ -344,15 +343,17 @@ class FileData:
                 view, pos = view[n:], pos + n
             return view
 
+        async def cut_finished(buf: memoryview) -> memoryview:
+            """Store the finished chunks of buf; return its unfinished last piece (a view)."""
+            lengths = await trio.to_thread.run_sync(self._chunker.cut, buf)
+            lengths.pop()
+            return await emit(buf, lengths)
+
         async with _typed_nursery() as nursery:
-            async for block in self._region_bytes(region, data, extents):
-                window += block
-                if len(window) < WINDOW:
-                    continue
-                lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
-                carry = lengths.pop()
-                window = bytearray(await emit(memoryview(window), lengths))
-                assert len(window) == carry
+            windows = _Windows(cut_finished)
+            async for segment in self._region_bytes(region, data, extents):
+                await windows.feed(memoryview(segment))
+            window = windows.rest
             lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
             kept = last = b""
             # The last piece is unfinished (the stream goes on): keep it back, unless it
@@ -370,7 +371,8 @@ class FileData:
     async def _region_bytes(
         self, region: Region, data: SparseBuffer, extents: ExtentMap
     ) -> AsyncIterator[bytes | bytearray | memoryview]:
-        """The region's bytes in order, in pieces of at most WINDOW: new data, old between."""
+        """The region's bytes in order, new data and old between, in contiguous segments
+        (a whole buffered range is one: it is cut in place, not copied)."""
         pos = region.start
         for start, buf in data.ranges():
             if not region.start <= start < region.end:
@@ -378,21 +380,20 @@ class FileData:
             if start > pos:
                 async for old in self._old_bytes(extents, pos, start):
                     yield old
-            view = memoryview(buf)
-            for k in range(0, len(buf), WINDOW):
-                yield view[k : k + WINDOW]
+            yield memoryview(buf)
             pos = start + len(buf)
         if pos < region.end:
             async for old in self._old_bytes(extents, pos, region.end):
                 yield old
 
-    async def _old_bytes(self, extents: ExtentMap, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _old_bytes(
+        self, extents: ExtentMap, start: int, end: int
+    ) -> AsyncIterator[bytes | memoryview]:
         pos = start
         for piece in extents.pieces(start, end):
             if piece.start > pos:
                 yield bytes(piece.start - pos)
-            chunk = await self._chunks.read(piece.chunk)
-            yield chunk[piece.chunk_offset : piece.chunk_offset + piece.length]
+            yield _slice(await self._chunks.read(piece.chunk), piece)
             pos = piece.end
         if pos < end:
             yield bytes(end - pos)
@@ -406,6 +407,54 @@ class Detached:
     buffers: FileBuffers
     data: SparseBuffer
     size: int
+
+
+class _Windows:
+    """Feeds a stream of segments to CDC a window at a time, cutting in place.
+
+    Cut points do not depend on where a window ends (but for its last piece,
+    which is cut again with what follows), so a window is a view into its
+    segment; only bytes carried from one segment into the next are copied.
+    Copying each window of a streaming writer's buffer cost a copy (and a
+    fault-in of fresh memory) of every byte written.
+    """
+
+    def __init__(self, cut: Callable[[memoryview], Awaitable[memoryview]]) -> None:
+        self._cut = cut  # stores a window's finished chunks, returns its unfinished piece
+        self.rest: bytearray | memoryview = memoryview(b"")  # bytes not cut yet
+
+    async def feed(self, view: memoryview) -> None:
+        at = 0
+        while at < len(view):
+            if self.rest:
+                at = await self._join(view, at)
+                continue
+            window = view[at : at + WINDOW]
+            if len(window) < WINDOW:
+                self.rest = window  # the segment's end: carried into the next one
+                return
+            at += WINDOW - len(await self._cut(window))
+
+    async def _join(self, view: memoryview, at: int) -> int:
+        """Append the segment's next bytes to the carried ones (the only copy) and cut them;
+        return where the segment's uncut bytes start.
+
+        MAX_CHUNK bytes are enough: the unfinished piece of a cut is at most that
+        long, so it then lies in the segment, and cutting goes on there in place.
+        A segment that ends first is carried on whole, up to a window.
+        """
+        carried = self.rest if isinstance(self.rest, bytearray) else bytearray(self.rest)
+        joined = min(len(view) - at, MAX_CHUNK)
+        carried += view[at : at + joined]
+        self.rest = carried
+        if at + joined == len(view) and len(carried) < WINDOW:
+            return at + joined
+        unfinished = await self._cut(memoryview(carried))
+        if len(unfinished) <= joined:
+            self.rest = memoryview(b"")
+            return at + joined - len(unfinished)
+        self.rest = bytearray(unfinished)
+        return at + joined
 
 
 class _Known:

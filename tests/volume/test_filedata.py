@@ -11,13 +11,14 @@ import pytest
 import trio
 import trio.testing
 
-from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import IntegrityError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
+from sealfs.volume.filedata import WINDOW, _Windows
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -615,3 +616,41 @@ async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectSto
         await v.release(fh)
         assert len(prefetched) == len(set(prefetched))
         assert len(prefetched) >= len(chunk_ids(v, ino)) - 2
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [40 * MiB],  # one streaming writer's buffer
+        [3 * MiB, 37 * MiB, 5000, 9 * MiB],  # a resumed forced chunk, new data, old pieces
+        [MiB // 3] * 30 + [20 * MiB],  # many small pieces, then a large one
+    ],
+)
+async def test_windows_cut_as_one_pass_and_in_place(sizes: list[int]) -> None:
+    """Cutting a region window by window gives one pass's chunks, and the windows of a
+    large segment are views into it: a flush copies little more than the carried bytes."""
+    chunker = Chunker(seed=5)
+    segments = [stream(i, n) for i, n in enumerate(sizes)]
+    pieces: list[bytes] = []
+    copied = 0
+
+    def take(buf: memoryview, lengths: list[int]) -> memoryview:
+        for n in lengths:
+            pieces.append(bytes(buf[:n]))
+            buf = buf[n:]
+        return buf
+
+    async def cut(buf: memoryview) -> memoryview:
+        nonlocal copied
+        copied += 0 if any(buf.obj is seg for seg in segments) else len(buf)
+        return take(buf, chunker.cut(buf)[:-1])
+
+    windows = _Windows(cut)
+    for seg in segments:
+        await windows.feed(memoryview(seg))
+    take(memoryview(windows.rest), chunker.cut(windows.rest))
+    whole = b"".join(segments)
+    assert b"".join(pieces) == whole
+    assert [len(p) for p in pieces] == chunker.cut(whole)
+    # Copied: only small segments, and at each junction the carried piece and MAX_CHUNK.
+    assert copied <= sum(n for n in sizes if n < WINDOW) + 2 * MAX_CHUNK * (len(sizes) - 1)
