@@ -147,12 +147,11 @@ class FileData:
             layers = [b.copy_range(offset, end) for b in (fb.flushing, fb.dirty) if b]
         datas = await self._fetch(pieces)
         self._readahead(inode.ino, inode.extents, offset, end)
-        if len(pieces) == 1 and pieces[0].length == end - offset and not any(layers):
-            return _slice(datas[0], pieces[0])
-        out = bytearray(end - offset)
-        for piece, data in zip(pieces, datas, strict=True):
-            lo = piece.start - offset
-            out[lo : lo + piece.length] = _slice(data, piece)
+        if not any(layers):
+            if len(pieces) == 1 and pieces[0].length == end - offset:
+                return _slice(datas[0], pieces[0])
+            return memoryview(b"".join(_spans(pieces, datas, offset, end)))  # one copy
+        out = bytearray(b"".join(_spans(pieces, datas, offset, end)))
         for layer in layers:
             layer.overlay(out, offset)
         return memoryview(out)
@@ -486,6 +485,23 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
 def _slice(chunk: bytes, piece: Extent) -> memoryview:
     """The bytes of chunk that piece maps, without copying them."""
     return memoryview(chunk)[piece.chunk_offset : piece.chunk_offset + piece.length]
+
+
+def _spans(
+    pieces: list[Extent], datas: list[bytes], offset: int, end: int
+) -> list[bytes | memoryview]:
+    """The bytes of [offset, end) in order: slices of the chunks, zeros in holes (joined
+    once, not copied into a zeroed buffer first)."""
+    out: list[bytes | memoryview] = []
+    pos = offset
+    for piece, data in zip(pieces, datas, strict=True):
+        if piece.start > pos:
+            out.append(bytes(piece.start - pos))
+        out.append(_slice(data, piece))
+        pos = piece.end
+    if pos < end:
+        out.append(bytes(end - pos))
+    return out
 
 
 def _regions(data: SparseBuffer, extents: ExtentMap, forced: Extent | None) -> list[Region]:

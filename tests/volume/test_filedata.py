@@ -654,3 +654,22 @@ async def test_windows_cut_as_one_pass_and_in_place(sizes: list[int]) -> None:
     assert [len(p) for p in pieces] == chunker.cut(whole)
     # Copied: only small segments, and at each junction the carried piece and MAX_CHUNK.
     assert copied <= sum(n for n in sizes if n < WINDOW) + 2 * MAX_CHUNK * (len(sizes) - 1)
+
+
+async def test_reads_across_chunks_and_holes_of_a_committed_file(
+    volume_store: ObjectStore,
+) -> None:
+    head, tail = stream(14, MiB), stream(15, 6 * MiB)
+    expected = head + bytes(2 * MiB) + tail
+    async with session(volume_store) as v:
+        fh, _ = await v.create(ROOT_INO, b"sparse", 0o644, RW, UID, GID)
+        await v.write(fh, 0, head)
+        await v.write(fh, 3 * MiB, tail)
+        await v.release(fh)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "sparse")
+        assert len(chunk_ids(v, ino)) >= 3
+        fh = await v.open(ino, RW)
+        for lo, n in [(0, len(expected)), (MiB - 10, 2 * MiB + 20), (5 * MiB - 7, MiB)]:
+            assert await v.read(fh, lo, n) == expected[lo : lo + n]
+        await v.release(fh)
