@@ -33,19 +33,23 @@ def seal(
     plaintext: Buffer,
     associated_data: bytes,
     nonce: bytes | None = None,
+    *,
+    prefix: bytes = b"",
 ) -> bytes:
-    """Encrypt and authenticate plaintext; return nonce || ciphertext || tag.
+    """Encrypt and authenticate plaintext; return prefix || nonce || ciphertext || tag.
 
     The nonce is 96 random bits unless given (tests pin it for golden vectors;
-    production code must leave it None). Raises ValueError on a bad key or
-    nonce length (caller bugs). Never retries.
+    production code must leave it None). The prefix (an envelope's header,
+    which the caller binds through associated_data) is joined in the one copy
+    that frames the ciphertext: prefix + seal(...) copied every chunk twice.
+    Raises ValueError on a bad key or nonce length (caller bugs). Never retries.
     """
     cipher = _cipher(key)
     if nonce is None:
         nonce = os.urandom(NONCE_SIZE)
     elif len(nonce) != NONCE_SIZE:
         raise ValueError(f"nonce must be {NONCE_SIZE} bytes, got {len(nonce)}")
-    return nonce + cipher.encrypt(nonce, plaintext, associated_data)
+    return b"".join((prefix, nonce, cipher.encrypt(nonce, plaintext, associated_data)))
 
 
 def open_sealed(key: bytes, sealed: bytes | memoryview, associated_data: bytes) -> bytes:

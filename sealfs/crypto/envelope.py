@@ -131,7 +131,7 @@ def seal_object(
     if not 0 <= epoch <= MAX_EPOCH:
         raise ValueError(f"key epoch {epoch} does not fit in 16 bits")
     header = _HEADER.pack(MAGIC, VERSION, kind, flags, epoch)
-    return header + aead.seal(key, plaintext, header + binding, nonce)
+    return aead.seal(key, plaintext, header + binding, nonce, prefix=header)
 
 
 def open_object(

@@ -213,7 +213,9 @@ class Operations(pyfuse3.Operations):
         return self._file_info(fh), self._entry(attr)
 
     @_boundary
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> memoryview:  # type: ignore[override]
+        # pyfuse3 replies from any contiguous buffer (its stub says bytes): a view of a
+        # cached chunk goes to the kernel without a copy.
         return await self.volume.read(fh, off, size)
 
     @_boundary

@@ -53,6 +53,9 @@ class PlainCache:
         self._items: OrderedDict[bytes, bytes] = OrderedDict()
         self.nbytes = 0
 
+    def __contains__(self, chunk_id: bytes) -> bool:
+        return chunk_id in self._items
+
     def get(self, chunk_id: bytes) -> bytes | None:
         data = self._items.get(chunk_id)
         if data is not None:
@@ -196,9 +199,14 @@ class Chunks:
             del self._inflight[chunk_id]
             done.set()
 
+    def wanted(self, chunk_id: bytes) -> bool:
+        """Whether a prefetch of the chunk would do anything (it is neither cached nor
+        being fetched). Looking does not count as a use for the LRU."""
+        return chunk_id not in self.cache and chunk_id not in self._inflight
+
     async def prefetch(self, chunk_id: bytes) -> None:
         """Warm the cache for a likely next read; failures surface on the real read."""
-        if self.cache.get(chunk_id) is not None or chunk_id in self._inflight:
+        if not self.wanted(chunk_id):
             return
         try:
             await self.read(chunk_id)

@@ -520,7 +520,8 @@ class Volume:
             self._writable()
         return self._open_handle(ino, flags)
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> memoryview:
+        """File bytes as a read-only view (see FileData.read: often a slice of a chunk)."""
         inode = self.inode(self._handle(fh).ino)
         if not inode.is_reg:
             raise FsError(errno.EINVAL)

@@ -20,14 +20,14 @@ flush that read it.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from sealfs.chunking.fastcdc import MIN_CHUNK, Chunker
+from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
@@ -140,27 +140,33 @@ class FileData:
 
     # -- reads ---------------------------------------------------------------------------
 
-    async def read(self, inode: Inode, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset + size) clipped to the file size, as of the call."""
+    async def read(self, inode: Inode, offset: int, size: int) -> memoryview:
+        """Bytes [offset, offset + size) clipped to the file size, as of the call.
+
+        A view, not a copy: a read inside one chunk with nothing buffered over it
+        (nearly every request of a sequential reader) is a slice of the cached,
+        immutable plaintext, which pyfuse3 replies from without copying. Such a
+        view keeps its chunk (at most MAX_CHUNK bytes) alive while it is held.
+        """
         end = min(offset + size, inode.size)
         if offset >= end:
-            return b""
+            return memoryview(b"")
         assert inode.extents is not None
         pieces = inode.extents.pieces(offset, end)
         fb = self.files.get(inode.ino)
         layers = []
         if fb is not None:
             layers = [b.copy_range(offset, end) for b in (fb.flushing, fb.dirty) if b]
-        out = bytearray(end - offset)
-        for piece, data in zip(pieces, await self._fetch(pieces), strict=True):
-            lo = piece.start - offset
-            out[lo : lo + piece.length] = data[
-                piece.chunk_offset : piece.chunk_offset + piece.length
-            ]
+        datas = await self._fetch(pieces)
+        self._readahead(inode.ino, inode.extents, offset, end)
+        if not any(layers):
+            if len(pieces) == 1 and pieces[0].length == end - offset:
+                return _slice(datas[0], pieces[0])
+            return memoryview(b"".join(_spans(pieces, datas, offset, end)))  # one copy
+        out = bytearray(b"".join(_spans(pieces, datas, offset, end)))
         for layer in layers:
             layer.overlay(out, offset)
-        self._readahead(inode.ino, inode.extents, offset, end)
-        return bytes(out)
+        return memoryview(out)
 
     async def _fetch(self, pieces: list[Extent]) -> list[bytes]:
         ids = list(dict.fromkeys(p.chunk for p in pieces))
@@ -190,7 +196,8 @@ class FileData:
         if not sequential:
             return
         for piece in extents.pieces(end, end + READAHEAD):
-            if self._chunks.cache.get(piece.chunk) is None:
+            # Most requests find the next chunks cached or on their way: spawn no task then.
+            if self._chunks.wanted(piece.chunk):
                 cid = piece.chunk
                 self._spawn(lambda cid=cid: self._chunks.prefetch(cid))  # type: ignore[misc]
 
@@ -356,7 +363,6 @@ class FileData:
         out: list[Extent] = []
         slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by in-flight chunks
         known = _Known(self._meta.chunks, fresh)
-        window = bytearray()
         pos = region.start
 
         async def store(at: int, piece: memoryview) -> None:
@@ -376,15 +382,17 @@ class FileData:
                 view, pos = view[n:], pos + n
             return view
 
+        async def cut_finished(buf: memoryview) -> memoryview:
+            """Store the finished chunks of buf; return its unfinished last piece (a view)."""
+            lengths = await trio.to_thread.run_sync(self._chunker.cut, buf)
+            lengths.pop()
+            return await emit(buf, lengths)
+
         async with _typed_nursery() as nursery:
-            async for block in self._region_bytes(region, data, extents):
-                window += block
-                if len(window) < WINDOW:
-                    continue
-                lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
-                carry = lengths.pop()
-                window = bytearray(await emit(memoryview(window), lengths))
-                assert len(window) == carry
+            windows = _Windows(cut_finished)
+            async for segment in self._region_bytes(region, data, extents):
+                await windows.feed(memoryview(segment))
+            window = windows.rest
             lengths = await trio.to_thread.run_sync(self._chunker.cut, window)
             kept = last = b""
             # The last piece is unfinished (the stream goes on): keep it back, unless it
@@ -402,7 +410,8 @@ class FileData:
     async def _region_bytes(
         self, region: Region, data: SparseBuffer, extents: ExtentMap
     ) -> AsyncIterator[bytes | bytearray | memoryview]:
-        """The region's bytes in order, in pieces of at most WINDOW: new data, old between."""
+        """The region's bytes in order, new data and old between, in contiguous segments
+        (a whole buffered range is one: it is cut in place, not copied)."""
         pos = region.start
         for start, buf in data.ranges():
             if not region.start <= start < region.end:
@@ -410,21 +419,20 @@ class FileData:
             if start > pos:
                 async for old in self._old_bytes(extents, pos, start):
                     yield old
-            view = memoryview(buf)
-            for k in range(0, len(buf), WINDOW):
-                yield view[k : k + WINDOW]
+            yield memoryview(buf)
             pos = start + len(buf)
         if pos < region.end:
             async for old in self._old_bytes(extents, pos, region.end):
                 yield old
 
-    async def _old_bytes(self, extents: ExtentMap, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _old_bytes(
+        self, extents: ExtentMap, start: int, end: int
+    ) -> AsyncIterator[bytes | memoryview]:
         pos = start
         for piece in extents.pieces(start, end):
             if piece.start > pos:
                 yield bytes(piece.start - pos)
-            chunk = await self._chunks.read(piece.chunk)
-            yield chunk[piece.chunk_offset : piece.chunk_offset + piece.length]
+            yield _slice(await self._chunks.read(piece.chunk), piece)
             pos = piece.end
         if pos < end:
             yield bytes(end - pos)
@@ -438,6 +446,54 @@ class Detached:
     buffers: FileBuffers
     data: SparseBuffer
     size: int
+
+
+class _Windows:
+    """Feeds a stream of segments to CDC a window at a time, cutting in place.
+
+    Cut points do not depend on where a window ends (but for its last piece,
+    which is cut again with what follows), so a window is a view into its
+    segment; only bytes carried from one segment into the next are copied.
+    Copying each window of a streaming writer's buffer cost a copy (and a
+    fault-in of fresh memory) of every byte written.
+    """
+
+    def __init__(self, cut: Callable[[memoryview], Awaitable[memoryview]]) -> None:
+        self._cut = cut  # stores a window's finished chunks, returns its unfinished piece
+        self.rest: bytearray | memoryview = memoryview(b"")  # bytes not cut yet
+
+    async def feed(self, view: memoryview) -> None:
+        at = 0
+        while at < len(view):
+            if self.rest:
+                at = await self._join(view, at)
+                continue
+            window = view[at : at + WINDOW]
+            if len(window) < WINDOW:
+                self.rest = window  # the segment's end: carried into the next one
+                return
+            at += WINDOW - len(await self._cut(window))
+
+    async def _join(self, view: memoryview, at: int) -> int:
+        """Append the segment's next bytes to the carried ones (the only copy) and cut them;
+        return where the segment's uncut bytes start.
+
+        MAX_CHUNK bytes are enough: the unfinished piece of a cut is at most that
+        long, so it then lies in the segment, and cutting goes on there in place.
+        A segment that ends first is carried on whole, up to a window.
+        """
+        carried = self.rest if isinstance(self.rest, bytearray) else bytearray(self.rest)
+        joined = min(len(view) - at, MAX_CHUNK)
+        carried += view[at : at + joined]
+        self.rest = carried
+        if at + joined == len(view) and len(carried) < WINDOW:
+            return at + joined
+        unfinished = await self._cut(memoryview(carried))
+        if len(unfinished) <= joined:
+            self.rest = memoryview(b"")
+            return at + joined - len(unfinished)
+        self.rest = bytearray(unfinished)
+        return at + joined
 
 
 class _Known:
@@ -464,6 +520,28 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
         if not isinstance(first, Exception):
             raise
         raise first from None
+
+
+def _slice(chunk: bytes, piece: Extent) -> memoryview:
+    """The bytes of chunk that piece maps, without copying them."""
+    return memoryview(chunk)[piece.chunk_offset : piece.chunk_offset + piece.length]
+
+
+def _spans(
+    pieces: list[Extent], datas: list[bytes], offset: int, end: int
+) -> list[bytes | memoryview]:
+    """The bytes of [offset, end) in order: slices of the chunks, zeros in holes (joined
+    once, not copied into a zeroed buffer first)."""
+    out: list[bytes | memoryview] = []
+    pos = offset
+    for piece, data in zip(pieces, datas, strict=True):
+        if piece.start > pos:
+            out.append(bytes(piece.start - pos))
+        out.append(_slice(data, piece))
+        pos = piece.end
+    if pos < end:
+        out.append(bytes(end - pos))
+    return out
 
 
 def _regions(

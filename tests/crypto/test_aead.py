@@ -19,6 +19,12 @@ GOLDEN_SEALED = bytes.fromhex(
 )
 
 
+def test_a_prefix_goes_before_the_nonce_and_is_not_authenticated() -> None:
+    sealed = aead.seal(KEY, b"sealfs golden plaintext", b"ad", NONCE, prefix=b"HDR")
+    assert sealed == b"HDR" + GOLDEN_SEALED
+    assert aead.open_sealed(KEY, sealed[3:], b"ad") == b"sealfs golden plaintext"
+
+
 def test_gcm_spec_test_case_14() -> None:
     # McGrew & Viega, "The Galois/Counter Mode of Operation", test case 14:
     # an independent check that seal is plain AES-256-GCM with nonce prepended.

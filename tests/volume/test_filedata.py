@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import IntegrityError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
+from sealfs.volume.filedata import WINDOW, _Windows
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -614,3 +616,116 @@ async def test_committed_files_leave_no_buffers_behind(volume_store: MemoryStore
         await v.fsync()
         assert v.files.files == {}
         assert await read_all(v, inos[7]) == b"DATA 7"
+
+
+async def test_a_read_inside_one_chunk_is_a_view_of_the_cached_chunk(
+    volume_store: ObjectStore,
+) -> None:
+    data = stream(11, 3 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "f")
+        first = chunk_ids(v, ino)[0]
+        fh = await v.open(ino, RW)
+        got = await v.read(fh, 1000, WRITE)
+        assert got == data[1000 : 1000 + WRITE]
+        assert got.obj is v.chunks.cache.get(first), "the read copied the chunk"
+        assert got.readonly
+        await v.release(fh)
+
+
+async def test_a_read_inside_one_chunk_sees_bytes_buffered_over_it(
+    volume_store: ObjectStore,
+) -> None:
+    data = stream(12, 3 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        fh = await v.open(await ino_of(v, "f"), RW)
+        await v.write(fh, 1000, b"new bytes")
+        expected = data[:1000] + b"new bytes" + data[1009:WRITE]
+        assert await v.read(fh, 0, WRITE) == expected
+        await v.release(fh)
+
+
+async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectStore) -> None:
+    """Regression: every request of a sequential reader spawned a prefetch task for each
+    chunk ahead that was not cached yet, also while one was already fetching it."""
+    data = stream(13, 24 * MiB)
+    async with session(volume_store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "f")
+        prefetched: list[bytes] = []
+        real = v.chunks.prefetch
+
+        async def counting(chunk_id: bytes) -> None:
+            prefetched.append(chunk_id)
+            await real(chunk_id)
+
+        v.chunks.prefetch = counting  # type: ignore[method-assign]
+        fh = await v.open(ino, RW)
+        for pos in range(0, len(data), WRITE):
+            assert await v.read(fh, pos, WRITE) == data[pos : pos + WRITE]
+            await trio.testing.wait_all_tasks_blocked()  # as between two FUSE requests
+        await v.release(fh)
+        assert len(prefetched) == len(set(prefetched))
+        assert len(prefetched) >= len(chunk_ids(v, ino)) - 2
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [40 * MiB],  # one streaming writer's buffer
+        [3 * MiB, 37 * MiB, 5000, 9 * MiB],  # a resumed forced chunk, new data, old pieces
+        [MiB // 3] * 30 + [20 * MiB],  # many small pieces, then a large one
+    ],
+)
+async def test_windows_cut_as_one_pass_and_in_place(sizes: list[int]) -> None:
+    """Cutting a region window by window gives one pass's chunks, and the windows of a
+    large segment are views into it: a flush copies little more than the carried bytes."""
+    chunker = Chunker(seed=5)
+    segments = [stream(i, n) for i, n in enumerate(sizes)]
+    pieces: list[bytes] = []
+    copied = 0
+
+    def take(buf: memoryview, lengths: list[int]) -> memoryview:
+        for n in lengths:
+            pieces.append(bytes(buf[:n]))
+            buf = buf[n:]
+        return buf
+
+    async def cut(buf: memoryview) -> memoryview:
+        nonlocal copied
+        copied += 0 if any(buf.obj is seg for seg in segments) else len(buf)
+        return take(buf, chunker.cut(buf)[:-1])
+
+    windows = _Windows(cut)
+    for seg in segments:
+        await windows.feed(memoryview(seg))
+    take(memoryview(windows.rest), chunker.cut(windows.rest))
+    whole = b"".join(segments)
+    assert b"".join(pieces) == whole
+    assert [len(p) for p in pieces] == chunker.cut(whole)
+    # Copied: only small segments, and at each junction the carried piece and MAX_CHUNK.
+    assert copied <= sum(n for n in sizes if n < WINDOW) + 2 * MAX_CHUNK * (len(sizes) - 1)
+
+
+async def test_reads_across_chunks_and_holes_of_a_committed_file(
+    volume_store: ObjectStore,
+) -> None:
+    head, tail = stream(14, MiB), stream(15, 6 * MiB)
+    expected = head + bytes(2 * MiB) + tail
+    async with session(volume_store) as v:
+        fh, _ = await v.create(ROOT_INO, b"sparse", 0o644, RW, UID, GID)
+        await v.write(fh, 0, head)
+        await v.write(fh, 3 * MiB, tail)
+        await v.release(fh)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "sparse")
+        assert len(chunk_ids(v, ino)) >= 3
+        fh = await v.open(ino, RW)
+        for lo, n in [(0, len(expected)), (MiB - 10, 2 * MiB + 20), (5 * MiB - 7, MiB)]:
+            assert await v.read(fh, lo, n) == expected[lo : lo + n]
+        await v.release(fh)
