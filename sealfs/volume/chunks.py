@@ -97,9 +97,7 @@ class Chunks:
         self._inflight: dict[bytes, trio.Event] = {}
         self.uploaded_bytes = 0
 
-    def _seal_and_put(
-        self, plaintext: bytes | memoryview, known: Container[bytes], urgent: bool = False
-    ) -> StoredChunk:
+    def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
         """Worker-thread body: id, dedup check, compress, seal, upload.
 
         Ids are keyed per epoch too, so after a rekey new data never shares a
@@ -109,7 +107,7 @@ class Chunks:
             cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
             if cid in known:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
-            packed = maybe_compress(plaintext, parallel=urgent)
+            packed = maybe_compress(plaintext)
             binding = chunk_binding(self._volume_id, cid)
             if packed is None:
                 sealed = seal_object(
@@ -122,15 +120,10 @@ class Chunks:
             self._store.put(chunk_name(cid), sealed)
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
 
-    async def store(
-        self, plaintext: bytes | memoryview, known: Container[bytes], *, urgent: bool = False
-    ) -> StoredChunk:
-        """Make sure a chunk with this content is in the store (skipping known ids).
-
-        urgent: someone waits for this chunk (an fsync), so compress it on every core.
-        """
+    async def store(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
+        """Make sure a chunk with this content is in the store (skipping known ids)."""
         result = await trio.to_thread.run_sync(
-            self._seal_and_put, plaintext, known, urgent, limiter=self._limiter
+            self._seal_and_put, plaintext, known, limiter=self._limiter
         )
         self.uploaded_bytes += result.stored_size
         return result

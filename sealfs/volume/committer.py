@@ -147,14 +147,13 @@ class Committer:
                 self._done = trio.Event()
 
     async def _commit(self, extra: list[ops.Op]) -> None:
-        urgent = self._wanted >= self._started  # an fsync waits for this very commit
         async with self.gate:
             batch, self.pending = self.pending, []
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
         for op in extra:
             record(self._live, batch, op)
         try:
-            await self._flush_all(jobs, batch, urgent=urgent)
+            await self._flush_all(jobs, batch)
             if batch:
                 await self._write_segment(batch)
         except BaseException:
@@ -203,12 +202,12 @@ class Committer:
                 produced = [op for op in produced if op[0] != ops.DATA]
             self.pending.extend(produced)
 
-    async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op], *, urgent: bool) -> None:
+    async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
         failure: list[BaseException] = []
 
         async def one(job: Detached) -> None:
             try:
-                tail = await self._files.flush(job, batch, keep_tail=False, urgent=urgent)
+                tail = await self._files.flush(job, batch, keep_tail=False)
             except BaseException as exc:
                 self._files.finish(job, None, failed=True)
                 if not isinstance(exc, Exception):

@@ -270,23 +270,20 @@ class FileData:
                 self._chunks.cache.put(chunk.chunk_id, piece)
                 self._set_forced(job, extent)
 
-    async def flush(
-        self, job: Detached, sink: list[ops.Op], *, keep_tail: bool, urgent: bool = False
-    ) -> SparseBuffer:
+    async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
         Returns the bytes kept back (a partial last chunk at end of file, when
         keep_tail asks for it, so that a streaming writer is cut as in one pass).
         Without keep_tail the last chunk is cut at the end of the data; it is
         remembered as the file's forced cut, for the next flush to re-chunk.
-        urgent: a caller waits for this flush (fsync); trade throughput for latency.
         Raises StoreError and friends; then nothing was recorded for this file.
         """
         inode = job.inode
         assert inode.extents is not None
         try:
             regions = _regions(job.data, inode.extents, self.forced.get(inode.ino))
-            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
+            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
         except (IntegrityError, FormatError, ObjectNotFoundError) as exc:
             # Only the old bytes read for merging or resuming can be damaged; those are an
             # optimisation. A damaged neighbour must not keep the new bytes (and with them
@@ -294,7 +291,7 @@ class FileData:
             log.warning("sealing written bytes of inode %d unmerged: %s", inode.ino, exc)
             self.forced.pop(inode.ino, None)
             regions = _regions(job.data, inode.extents, None, merge=False)
-            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail, urgent=urgent)
+            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
         fresh, data_ops, tail, forced = sealed
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
@@ -307,7 +304,7 @@ class FileData:
         return tail
 
     async def _seal_regions(
-        self, job: Detached, regions: list[Region], *, keep_tail: bool, urgent: bool
+        self, job: Detached, regions: list[Region], *, keep_tail: bool
     ) -> tuple[dict[bytes, ChunkInfo], list[ops.Op], SparseBuffer, Extent | None]:
         """Seal each region; return the new chunks, the data records, the kept tail and
         the file's forced cut after them. Records nothing (the caller does)."""
@@ -320,9 +317,8 @@ class FileData:
         for region in regions:
             at_eof = region.end >= job.size
             extents, kept = await self._seal_region(
-                region, job.data, inode.extents, fresh,
-                at_eof=at_eof, keep_tail=keep_tail, urgent=urgent,
-            )  # fmt: skip
+                region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
+            )
             end = region.end - len(kept)
             data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
             if kept:
@@ -357,7 +353,6 @@ class FileData:
         *,
         at_eof: bool,
         keep_tail: bool,
-        urgent: bool,
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []
@@ -367,7 +362,7 @@ class FileData:
 
         async def store(at: int, piece: memoryview) -> None:
             try:
-                stored = await self._chunks.store(piece, known, urgent=urgent)
+                stored = await self._chunks.store(piece, known)
             finally:
                 slots.release()
             if stored.uploaded:

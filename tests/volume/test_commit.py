@@ -17,7 +17,7 @@ from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation,
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume import chunks, committer
+from sealfs.volume import committer
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -132,30 +132,6 @@ async def test_background_loop_commits_within_the_interval(volume_store: MemoryS
         await wait_until(lambda: f in load(volume_store).inodes, timeout=5)
         await wait_until(lambda: not v.commits.has_work(), timeout=5)
         assert load(volume_store).inodes[f].size == len(b"soon durable")
-
-
-async def test_only_a_commit_that_an_fsync_waits_for_compresses_on_every_core(
-    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Latency where someone waits, throughput where nobody does (the background loop)."""
-    calls: list[bool] = []
-    real = chunks.maybe_compress
-
-    def watched(data: Any, level: int = 1, *, parallel: bool = False) -> bytes | None:
-        calls.append(parallel)
-        return real(data, level, parallel=parallel)
-
-    monkeypatch.setattr(chunks, "maybe_compress", watched)
-    text = b"".join(b'{"step": %d, "note": "observation"}\n' % k for k in range(40_000))
-    async with session(volume_store, **QUIET) as v:
-        await mkfile(v, ROOT_INO, b"background", text)
-        await v.commits.commit()  # what the loop does on its timer: nobody waits
-        assert calls and not any(calls)
-        calls.clear()
-        f = await mkfile(v, ROOT_INO, b"waited", text[::-1])
-        await v.fsync()
-        assert calls and all(calls)
-        assert await read_all(v, f) == text[::-1]
 
 
 async def test_snapshot_accounting_restarts_after_each_snapshot(
