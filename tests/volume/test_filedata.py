@@ -618,12 +618,18 @@ async def test_committed_files_leave_no_buffers_behind(volume_store: MemoryStore
         assert await read_all(v, inos[7]) == b"DATA 7"
 
 
+async def write_in_own_session(store: ObjectStore, data: bytes) -> None:
+    """Write data as file "f" and unmount: the next session reads it from the store, with
+    nothing buffered and nothing in the chunk LRU."""
+    async with session(store) as v:
+        await mkfile(v, ROOT_INO, b"f", data)
+
+
 async def test_a_read_inside_one_chunk_is_a_view_of_the_cached_chunk(
     volume_store: ObjectStore,
 ) -> None:
     data = stream(11, 3 * MiB)
-    async with session(volume_store) as v:
-        await mkfile(v, ROOT_INO, b"f", data)
+    await write_in_own_session(volume_store, data)
     async with session(volume_store) as v:
         ino = await ino_of(v, "f")
         first = chunk_ids(v, ino)[0]
@@ -639,8 +645,7 @@ async def test_a_read_inside_one_chunk_sees_bytes_buffered_over_it(
     volume_store: ObjectStore,
 ) -> None:
     data = stream(12, 3 * MiB)
-    async with session(volume_store) as v:
-        await mkfile(v, ROOT_INO, b"f", data)
+    await write_in_own_session(volume_store, data)
     async with session(volume_store) as v:
         fh = await v.open(await ino_of(v, "f"), RW)
         await v.write(fh, 1000, b"new bytes")
@@ -653,8 +658,7 @@ async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectSto
     """Regression: every request of a sequential reader spawned a prefetch task for each
     chunk ahead that was not cached yet, also while one was already fetching it."""
     data = stream(13, 24 * MiB)
-    async with session(volume_store) as v:
-        await mkfile(v, ROOT_INO, b"f", data)
+    await write_in_own_session(volume_store, data)
     async with session(volume_store) as v:
         ino = await ino_of(v, "f")
         prefetched: list[bytes] = []
