@@ -31,6 +31,7 @@ from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
+from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import Chunks
 from sealfs.volume.committer import Committer
 from sealfs.volume.filedata import FileData
@@ -79,7 +80,9 @@ class Volume:
             loaded.store, loaded.volume_id, loaded.keys, self._limiter, options.chunk_cache_bytes
         )
         self._chunker = Chunker(loaded.keys.current.chunker_seed)
-        self.files = FileData(self.meta, self.chunks, self._chunker, self._spawn)
+        # A block holds a streaming writer's range up to back-pressure plus one FUSE write.
+        pool = BlockPool(options.max_buffered + (1 << 20))
+        self.files = FileData(self.meta, self.chunks, self._chunker, self._spawn, pool)
         self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)
         self.read_only = options.read_only
         self._nursery: trio.Nursery | None = None

@@ -32,7 +32,7 @@ from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
-from sealfs.volume.buffers import SparseBuffer
+from sealfs.volume.buffers import BlockPool, SparseBuffer
 from sealfs.volume.chunks import Chunks
 
 log = logging.getLogger("sealfs.volume")
@@ -52,7 +52,7 @@ def _set_event() -> trio.Event:
 
 @dataclass(eq=False)
 class FileBuffers:
-    dirty: SparseBuffer = field(default_factory=SparseBuffer)
+    dirty: SparseBuffer
     flushing: SparseBuffer | None = None
     idle: trio.Event = field(default_factory=_set_event)  # set while nothing is flushing
 
@@ -74,11 +74,14 @@ def record(state: MetaState, sink: list[ops.Op], op: ops.Op) -> None:
 class FileData:
     """Buffers, reads and flushes for every regular file of one volume."""
 
-    def __init__(self, meta: MetaState, chunks: Chunks, chunker: Chunker, spawn: Spawn) -> None:
+    def __init__(
+        self, meta: MetaState, chunks: Chunks, chunker: Chunker, spawn: Spawn, pool: BlockPool
+    ) -> None:
         self._meta = meta
         self._chunks = chunks
         self._chunker = chunker
         self._spawn = spawn
+        self.pool = pool
         self._read_pos: dict[int, int] = {}  # where each file's last read ended
         # Only files with buffered bytes or a flush running: an entry per file ever
         # written would cost memory (~0.5 KiB each) and every commit a scan.
@@ -92,7 +95,7 @@ class FileData:
     def buffers(self, ino: int) -> FileBuffers:
         fb = self.files.get(ino)
         if fb is None:
-            fb = self.files[ino] = FileBuffers()
+            fb = self.files[ino] = FileBuffers(SparseBuffer(self.pool))
         return fb
 
     def dirty_inodes(self) -> list[int]:
@@ -136,6 +139,8 @@ class FileData:
         self.forced.pop(ino, None)
         if fb is not None:
             self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
+            fb.dirty.release()  # a flushing layer is released when its flush ends
+            self._drop_idle_blocks()
             self.space.set()
 
     # -- reads ---------------------------------------------------------------------------
@@ -208,7 +213,7 @@ class FileData:
         fb = self.files.get(inode.ino)
         if fb is None or not fb.dirty or fb.flushing is not None:
             return None
-        fb.flushing, fb.dirty = fb.dirty, SparseBuffer()
+        fb.flushing, fb.dirty = fb.dirty, SparseBuffer(self.pool)
         self._dirty.pop(inode.ino, None)
         fb.idle = trio.Event()
         return Detached(inode, fb, fb.flushing, inode.size)
@@ -219,20 +224,32 @@ class FileData:
         fb.flushing = None
         fb.idle.set()
         if self.files.get(job.inode.ino) is not fb:
-            return  # the file was deleted meanwhile: forget() already released its bytes
+            job.data.release()  # the file was deleted meanwhile: forget() counted its bytes
+            return
         keep = job.data if failed else tail
         self.buffered_bytes -= job.data.nbytes
         if keep:
-            before = fb.dirty.nbytes
-            for start, data in keep.ranges():
-                fb.dirty.write_under(start, data)
-            self.buffered_bytes += fb.dirty.nbytes - before
+            self._put_back(fb.dirty, keep)
+        job.data.release()
         if fb.dirty:
             self._dirty[job.inode.ino] = None
         else:
             del self.files[job.inode.ino]  # nothing buffered, nothing flushing
+            self._drop_idle_blocks()
         self.space.set()
         self.space = trio.Event()
+
+    def _put_back(self, dirty: SparseBuffer, kept: SparseBuffer) -> None:
+        """Buffer kept bytes again under newer writes (a function of its own, so that its
+        views of kept are gone when it returns and kept's blocks can be reused)."""
+        before = dirty.nbytes
+        for start, data in kept.ranges():
+            dirty.write_under(start, data)
+        self.buffered_bytes += dirty.nbytes - before
+
+    def _drop_idle_blocks(self) -> None:
+        if not self.buffered_bytes:
+            self.pool.clear()
 
     def small_piece(self, job: Detached) -> tuple[int, bytes] | None:
         """(offset, bytes) when the job is one range below the minimum chunk size with no

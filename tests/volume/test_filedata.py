@@ -117,6 +117,29 @@ async def test_large_streaming_write_flushes_early_and_stays_bounded(
         assert await read_all(v, await ino_of(v, "big")) == data
 
 
+async def test_a_streaming_write_reuses_its_buffer_blocks(volume_store: ObjectStore) -> None:
+    data = stream(2, 40 * MiB)
+    async with session(volume_store, **SMALL) as v:
+        pool = v.files.pool
+        blocks: list[bytearray] = []  # held, so that no two blocks share an id()
+        take = pool.take
+
+        def counting_take() -> bytearray | None:
+            block = take()
+            if block is not None and all(block is not b for b in blocks):
+                blocks.append(block)
+            return block
+
+        pool.take = counting_take  # type: ignore[method-assign]
+        fh, attr = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+        await write_stream(v, fh, data)
+        await v.fsync()
+        assert pool.lent == 0, "a flushed buffer kept its block"
+        assert 1 <= len(blocks) <= 3, f"{len(blocks)} blocks for ~10 early flushes"
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
+
+
 async def test_random_overwrites_match_a_reference(volume_store: ObjectStore) -> None:
     rng = random.Random(7)
     size = 12 * MiB
