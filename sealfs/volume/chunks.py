@@ -139,7 +139,7 @@ class Chunks:
         out: list[StoredChunk] = []
         seen: set[bytes] = set()
         for piece in pieces:
-            stored = self._seal_and_put(piece, _Either(known, seen))
+            stored = self._seal_and_put(piece, AnyOf(known, seen))
             seen.add(stored.chunk_id)
             out.append(stored)
         return out
@@ -207,8 +207,9 @@ class Chunks:
             log.debug("prefetch of %s failed: %s", chunk_name(chunk_id), exc)
 
 
-class _Either:
-    """Membership in any of several containers."""
+class AnyOf:
+    """Membership in any of several containers (chunk ids known from several sources),
+    without merging them into a copy."""
 
     def __init__(self, *containers: Container[bytes]) -> None:
         self._containers = containers

@@ -33,7 +33,7 @@ from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
 from sealfs.volume.buffers import BlockPool, SparseBuffer
-from sealfs.volume.chunks import Chunks
+from sealfs.volume.chunks import AnyOf, Chunks
 
 log = logging.getLogger("sealfs.volume")
 
@@ -378,7 +378,7 @@ class FileData:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []
         slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by in-flight chunks
-        known = _Known(self._meta.chunks, fresh)
+        known = AnyOf(self._meta.chunks, fresh)  # committed or registered, or this flush's
         pos = region.start
 
         async def store(at: int, piece: memoryview) -> None:
@@ -510,16 +510,6 @@ class _Windows:
             return at + joined - len(unfinished)
         self.rest = bytearray(unfinished)
         return at + joined
-
-
-class _Known:
-    """Chunk ids already stored: committed or registered ones, and this flush's own."""
-
-    def __init__(self, *maps: dict[bytes, ChunkInfo]) -> None:
-        self._maps = maps
-
-    def __contains__(self, chunk_id: object) -> bool:
-        return any(chunk_id in m for m in self._maps)
 
 
 @asynccontextmanager
