@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.util import MiB, drop_caches, is_mounted, lazy_unmount, log, percentile
-from tests.mounts import CHEAP_KDF, PASSPHRASE, abort_connection, sealfs
+from tests.mounts import CHEAP_KDF, PASSPHRASE, abort_connection, fsync_dir, sealfs
 from tests.s3.server import fake_aws_environment
 
 MOTO_SCRIPT = """
@@ -123,14 +123,6 @@ class Volume:
         if result.returncode != 0:
             tail = self.log_file.read_text()[-2000:] if self.log_file.exists() else ""
             raise RuntimeError(f"sealfs {args[0]} failed: {result.stderr}{tail}")
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def checkpoint(mnt: Path, data: bytes) -> None:

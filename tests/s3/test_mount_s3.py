@@ -18,20 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs
+from tests.mounts import CHEAP_KDF, PASSPHRASE, fsync_dir, sealfs
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import all_objects
 
 pytestmark = [pytest.mark.s3, pytest.mark.fuse]
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def checkpoint(mnt: Path, name: str, data: bytes) -> None:
