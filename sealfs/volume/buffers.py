@@ -28,7 +28,7 @@ class BlockPool:
     """
 
     def __init__(
-        self, block_size: int, *, promote_at: int = 1 << 20, max_idle: int = 2, max_blocks: int = 4
+        self, block_size: int, *, promote_at: int = 1 << 20, max_idle: int = 1, max_blocks: int = 4
     ) -> None:
         self.block_size = block_size
         self.promote_at = promote_at  # a plain range growing beyond this takes a block
