@@ -9,7 +9,7 @@ from a small pool, and the block goes back to the pool when its flush ends.
 A plain bytearray grown to 32 MiB and freed after each early flush meant
 faulting in and zeroing fresh pages for every byte written: about 1 s of
 kernel time per GiB, an eighth of the daemon's CPU on a sequential write.
-A pooled block is already resident.
+A reused block is already resident.
 """
 
 from __future__ import annotations
@@ -20,44 +20,54 @@ Bytes = bytes | bytearray | memoryview
 
 
 class BlockPool:
-    """Fixed-size buffers lent to the ranges of streaming writers, reused once returned.
+    """Bytearrays lent to the ranges of streaming writers, kept when returned for reuse.
 
-    Bounded both ways: at most max_blocks lent at once (so many files written
-    side by side cannot reserve a block each), at most max_idle kept when
-    returned, and none once nothing is buffered (see FileData.finish).
+    A block grows with its range, as any bytearray does (a fresh one holds no
+    memory that was not written), and keeps its length when given back: its
+    pages stay resident for the next range. Bounded: at most max_blocks lent
+    at once, at most max_idle kept and none longer than max_keep, and none
+    once nothing is buffered (FileData drops them). Over the bytes buffered,
+    the pool holds at most the idle blocks, or the stale tail of a reused one.
     """
 
     def __init__(
-        self, block_size: int, *, promote_at: int = 1 << 20, max_idle: int = 1, max_blocks: int = 4
+        self, max_keep: int, *, promote_at: int = 1 << 20, max_idle: int = 1, max_blocks: int = 4
     ) -> None:
-        self.block_size = block_size
         self.promote_at = promote_at  # a plain range growing beyond this takes a block
+        self._max_keep = max_keep
         self._max_idle = max_idle
         self._max_blocks = max_blocks
         self._idle: list[bytearray] = []
         self.lent = 0
 
+    @property
+    def idle_blocks(self) -> int:
+        return len(self._idle)
+
     def take(self) -> bytearray | None:
         if self.lent >= self._max_blocks:
             return None
         self.lent += 1
-        return self._idle.pop() if self._idle else bytearray(self.block_size)
+        return self._idle.pop() if self._idle else bytearray()
 
     def give_back(self, block: bytearray) -> None:
-        """Reuse the block unless a view of it is still alive.
+        """Keep the block for reuse, unless a view of it is still alive (or it is not
+        worth keeping).
 
         Checked, not assumed: writing the next file's bytes into a block that a
         chunk being sealed still looks at would seal the wrong bytes. Resizing a
         bytearray fails while a view of it exists; pop-then-append resizes it
-        without touching its capacity.
+        without touching its allocation. A block still viewed becomes garbage
+        with its last view.
         """
         self.lent -= 1
+        if not block or len(block) > self._max_keep or len(self._idle) >= self._max_idle:
+            return
         try:
             block.append(block.pop())
         except BufferError:
-            return  # still viewed: it becomes garbage with its last view
-        if len(self._idle) < self._max_idle:
-            self._idle.append(block)
+            return
+        self._idle.append(block)
 
     def clear(self) -> None:
         """Free the idle blocks (the daemon holds no buffer memory while nothing is written)."""
@@ -65,8 +75,8 @@ class BlockPool:
 
 
 class _Range:
-    """One buffered range: its first n bytes of storage (a pooled block or a bytearray
-    exactly n long)."""
+    """One buffered range: the first n bytes of its storage, a bytearray exactly n long
+    or a pooled block at least n long (whose bytes beyond n are stale)."""
 
     __slots__ = ("buf", "n", "pooled")
 
@@ -132,26 +142,21 @@ class SparseBuffer:
         r = self._ranges[i]
         pos = offset - self._starts[i]
         end = pos + len(data)
-        if end > len(r.buf):
-            self._outgrow(r, end)
-        r.buf[pos:end] = data  # extends a plain range; a block has room
+        if end > len(r.buf) and not r.pooled:
+            self._promote(r, end)
+        r.buf[pos:end] = data  # pos <= n <= len(buf): overwrites, or extends the storage
         grow = max(0, end - r.n)
         r.n += grow
         self.nbytes += grow
 
-    def _outgrow(self, r: _Range, size: int) -> None:
-        """The range is about to need size bytes, more than its storage holds."""
+    def _promote(self, r: _Range, size: int) -> None:
+        """Move a plain range that is growing to size bytes into a pooled block, if it is
+        past the pool's threshold and a block is free."""
         pool = self._pool
-        if pool is None:
+        if pool is None or size <= pool.promote_at or (block := pool.take()) is None:
             return
-        if r.pooled:  # beyond a block (only a write larger than back-pressure allows)
-            plain = bytearray(r.view())
-            pool.give_back(r.buf)
-            r.buf, r.pooled = plain, False
-            return
-        if pool.promote_at < size <= pool.block_size and (block := pool.take()) is not None:
-            block[: r.n] = r.buf
-            r.buf, r.pooled = block, True
+        block[: r.n] = r.buf
+        r.buf, r.pooled = block, True
 
     def write_under(self, offset: int, data: Bytes) -> None:
         """Record data only where nothing is buffered (older bytes never hide newer ones).

@@ -80,7 +80,7 @@ class Volume:
             loaded.store, loaded.volume_id, loaded.keys, self._limiter, options.chunk_cache_bytes
         )
         self._chunker = Chunker(loaded.keys.current.chunker_seed)
-        # A block holds a streaming writer's range up to back-pressure plus one FUSE write.
+        # Blocks worth keeping hold up to back-pressure plus one FUSE write.
         pool = BlockPool(options.max_buffered + (1 << 20))
         self.files = FileData(self.meta, self.chunks, self._chunker, self._spawn, pool)
         self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)

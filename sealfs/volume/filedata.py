@@ -135,6 +135,7 @@ class FileData:
             self.buffered_bytes -= before - fb.dirty.nbytes
             if not fb.dirty:
                 self._dirty.pop(ino, None)
+            self._drop_idle_blocks()
 
     def forget(self, ino: int) -> None:
         """The inode is gone: drop its buffers without flushing them."""
@@ -229,6 +230,7 @@ class FileData:
         fb.idle.set()
         if self.files.get(job.inode.ino) is not fb:
             job.data.release()  # the file was deleted meanwhile: forget() counted its bytes
+            self._drop_idle_blocks()
             return
         keep = job.data if failed else tail
         self.buffered_bytes -= job.data.nbytes

@@ -140,6 +140,38 @@ async def test_a_streaming_write_reuses_its_buffer_blocks(volume_store: ObjectSt
         assert await read_all(v, attr.ino) == data
 
 
+async def test_no_buffer_block_stays_once_nothing_is_buffered(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """Truncation and a deletion during a flush end buffering too: the pool must not
+    keep a block (up to max_buffered of resident memory) for an idle mount."""
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store, **SMALL) as v:  # type: ignore[arg-type]
+        pool = v.files.pool
+        fh, attr = await v.create(ROOT_INO, b"cut", 0o644, RW, UID, GID)
+        await write_stream(v, fh, stream(3, 3 * MiB))  # below flush_threshold: buffered
+        assert pool.lent == 1
+        await v.setattr(attr.ino, size=0)
+        assert v.files.buffered_bytes == 0
+        assert pool.lent == 0 and pool.idle_blocks == 0
+        await v.release(fh)
+
+        fh, attr = await v.create(ROOT_INO, b"doomed", 0o644, RW, UID, GID)
+        store.close_gate()
+        try:
+            await write_stream(v, fh, stream(4, 5 * MiB))  # past flush_threshold
+            await wait_until(lambda: store.waiting > 0)
+            await v.release(fh)
+            await v.unlink(ROOT_INO, b"doomed")
+            await v.forget([(attr.ino, 1)])
+        finally:
+            store.open_gate()
+        await wait_until(lambda: not v._relieving)
+        await v.fsync()
+        assert v.files.buffered_bytes == 0
+        assert pool.lent == 0 and pool.idle_blocks == 0
+
+
 async def test_random_overwrites_match_a_reference(volume_store: ObjectStore) -> None:
     rng = random.Random(7)
     size = 12 * MiB
