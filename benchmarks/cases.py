@@ -226,23 +226,28 @@ def _seq_run(
     """Write the payload with a final fsync, then read it cold; (write MB/s, read MB/s,
     daemon CPU seconds per GiB written, per GiB read)."""
     path = t.path / f"seq-{kind}.bin"
-    c0 = process_cpu(t.daemon_pid())
-    with ctx.profiled(t, f"seq-write-{kind}"):
-        secs = write_file(path, payload)
-    c1 = process_cpu(t.daemon_pid())
-    write = len(payload) / secs / MB
-    write_cpu = (c1 - c0) * GiB / len(payload) if c0 is not None and c1 is not None else None
+    write, write_cpu = _timed(ctx, t, f"seq-write-{kind}", len(payload),
+                              lambda: write_file(path, payload))  # fmt: skip
     log(f"seq: {t.name} wrote {kind} at {write:.0f} MB/s")
     t.cold()
-    c0 = process_cpu(t.daemon_pid())
-    with ctx.profiled(t, f"seq-read-{kind}"):
-        secs = read_file(path, payload)
-    c1 = process_cpu(t.daemon_pid())
-    read = len(payload) / secs / MB
-    read_cpu = (c1 - c0) * GiB / len(payload) if c0 is not None and c1 is not None else None
+    read, read_cpu = _timed(ctx, t, f"seq-read-{kind}", len(payload),
+                            lambda: read_file(path, payload))  # fmt: skip
     log(f"seq: {t.name} read {kind} cold at {read:.0f} MB/s")
     path.unlink()
     return write, read, write_cpu, read_cpu
+
+
+def _timed(
+    ctx: Context, t: Target, label: str, size: int, step: Callable[[], float]
+) -> tuple[float, float | None]:
+    """Run a step that moves size bytes and returns its seconds; (MB/s, daemon CPU
+    seconds per GiB moved, if the target has a daemon)."""
+    c0 = process_cpu(t.daemon_pid())
+    with ctx.profiled(t, label):
+        secs = step()
+    c1 = process_cpu(t.daemon_pid())
+    cpu = (c1 - c0) * GiB / size if c0 is not None and c1 is not None else None
+    return size / secs / MB, cpu
 
 
 # -- 2. checkpoint write + fsync + rename latency ------------------------------------------

@@ -8,9 +8,12 @@ writes = st.lists(
 )
 
 
-@given(writes, st.integers(0, 400))
-def test_buffer_matches_a_flat_reference(ops: list[tuple[int, bytes, bool]], cut: int) -> None:
-    buf, ref, known = SparseBuffer(), bytearray(400), [False] * 400
+def write_both(
+    buf: SparseBuffer, ops: list[tuple[int, bytes, bool]]
+) -> tuple[bytearray, list[bool]]:
+    """Apply ops to buf and to a flat reference; return the reference's bytes and which
+    of them were written."""
+    ref, known = bytearray(400), [False] * 400
     for offset, data, under in ops:
         if under:
             buf.write_under(offset, data)
@@ -20,6 +23,13 @@ def test_buffer_matches_a_flat_reference(ops: list[tuple[int, bytes, bool]], cut
             if not (under and known[offset + k]):
                 ref[offset + k] = byte
             known[offset + k] = True
+    return ref, known
+
+
+@given(writes, st.integers(0, 400))
+def test_buffer_matches_a_flat_reference(ops: list[tuple[int, bytes, bool]], cut: int) -> None:
+    buf = SparseBuffer()
+    ref, known = write_both(buf, ops)
     buf.truncate(cut)
     for k in range(cut, 400):
         known[k], ref[k] = False, 0
@@ -63,17 +73,8 @@ def test_pooled_buffer_matches_a_flat_reference(
     ops: list[tuple[int, bytes, bool]], cut: int
 ) -> None:
     pool = tiny_pool(max_blocks=2)
-    buf, ref = SparseBuffer(pool), bytearray(400)
-    known = [False] * 400
-    for offset, data, under in ops:
-        if under:
-            buf.write_under(offset, data)
-        else:
-            buf.write(offset, data)
-        for k, byte in enumerate(data):
-            if not (under and known[offset + k]):
-                ref[offset + k] = byte
-            known[offset + k] = True
+    buf = SparseBuffer(pool)
+    ref, known = write_both(buf, ops)
     buf.truncate(cut)
     out = bytearray(400)
     buf.overlay(out, 0)
