@@ -36,7 +36,8 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.util import MiB, drop_caches, is_mounted, lazy_unmount, log, percentile
-from tests.mounts import CHEAP_KDF, PASSPHRASE, abort_connection, fsync_dir, sealfs
+from sealfs.cli.mount_cmd import commit_mount
+from tests.mounts import CHEAP_KDF, PASSPHRASE, abort_connection, sealfs
 from tests.s3.server import fake_aws_environment
 
 MOTO_SCRIPT = """
@@ -132,7 +133,7 @@ def checkpoint(mnt: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, mnt / "ckpt.bin")
-    fsync_dir(mnt)
+    commit_mount(str(mnt))
 
 
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -37,15 +37,6 @@ def sealfs(
     )  # fmt: skip
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or create in path durable, as a careful checkpoint writer does."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def mounted_sealfs() -> list[tuple[str, str]]:
     """(mountpoint, device) of every sealfs mount on the machine."""
     out = []

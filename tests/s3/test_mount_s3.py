@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import CHEAP_KDF, PASSPHRASE, fsync_dir, sealfs
+from sealfs.cli.mount_cmd import commit_mount
+from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import all_objects
@@ -34,7 +35,7 @@ def checkpoint(mnt: Path, name: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, mnt / name)
-    fsync_dir(mnt)
+    commit_mount(str(mnt))
 
 
 def assert_holds(mnt: Path, expected: dict[str, bytes]) -> None:
@@ -207,7 +208,7 @@ def test_no_canary_in_any_key_or_body_of_the_bucket(s3_env: S3VolumeEnv, bucket:
     (env.mnt / "small").write_text(text)
     os.symlink(f"/target/{link}", env.mnt / "link")
     os.setxattr(env.mnt / "small", f"user.{xname}", xvalue.encode())
-    fsync_dir(env.mnt)
+    commit_mount(str(env.mnt))
     env.umount()
     objects = all_objects(bucket)
     assert objects, "nothing reached the bucket"
