@@ -228,30 +228,28 @@ class FileData:
         fb = job.buffers
         fb.flushing = None
         fb.idle.set()
-        if self.files.get(job.inode.ino) is not fb:
-            job.data.release()  # the file was deleted meanwhile: forget() counted its bytes
-            self._drop_idle_blocks()
-            return
-        keep = job.data if failed else tail
+        if self.files.get(job.inode.ino) is fb:  # else deleted: forget() counted its bytes
+            self._settle(job, job.data if failed else tail)
+        job.data.release()
+        self._drop_idle_blocks()
+
+    def _settle(self, job: Detached, keep: SparseBuffer | None) -> None:
+        """Account for a live file's ended flush, buffering kept bytes again under newer
+        writes (a function of its own, so that its views of keep are gone when it returns
+        and keep's blocks can be reused)."""
+        fb = job.buffers
         self.buffered_bytes -= job.data.nbytes
         if keep:
-            self._put_back(fb.dirty, keep)
-        job.data.release()
+            before = fb.dirty.nbytes
+            for start, data in keep.ranges():
+                fb.dirty.write_under(start, data)
+            self.buffered_bytes += fb.dirty.nbytes - before
         if fb.dirty:
             self._dirty[job.inode.ino] = None
         else:
             del self.files[job.inode.ino]  # nothing buffered, nothing flushing
-            self._drop_idle_blocks()
         self.space.set()
         self.space = trio.Event()
-
-    def _put_back(self, dirty: SparseBuffer, kept: SparseBuffer) -> None:
-        """Buffer kept bytes again under newer writes (a function of its own, so that its
-        views of kept are gone when it returns and kept's blocks can be reused)."""
-        before = dirty.nbytes
-        for start, data in kept.ranges():
-            dirty.write_under(start, data)
-        self.buffered_bytes += dirty.nbytes - before
 
     def _drop_idle_blocks(self) -> None:
         if not self.buffered_bytes:
