@@ -196,19 +196,18 @@ def bench_seq(ctx: Context) -> list[Figure]:
                                        better=LOWER)  # fmt: skip
         figures[f"rc-{kind}"] = Figure("sequential", f"daemon CPU per GiB, cold read {kind}",
                                        "s", better=LOWER)  # fmt: skip
-    runs: dict[tuple[str, str], list[tuple[float, float, float | None, float | None]]] = {}
+    samples: dict[tuple[str, str], list[float]] = {}  # (figure key, target) -> one per run
     # Targets take turns, so that a noisy minute hits each of them alike; each run gets a
     # fresh file system, since sealfs would dedup a second write of the same bytes.
     for _ in range(ctx.sizes.seq_repeats):
         for name in ctx.targets:
             with ctx.target(name, "seq") as t:
                 for kind, _ in kinds:
-                    runs.setdefault((name, kind), []).append(_seq_run(ctx, t, kind, payloads[kind]))
-    for (name, kind), results in runs.items():
-        for k, key in enumerate(("w", "r", "wc", "rc")):
-            got = [value for run in results if (value := run[k]) is not None]
-            if got:
-                figures[f"{key}-{kind}"].values[name] = median(got)
+                    for key, value in _seq_run(ctx, t, kind, payloads[kind]).items():
+                        if value is not None:
+                            samples.setdefault((f"{key}-{kind}", name), []).append(value)
+    for (key, name), values in samples.items():
+        figures[key].values[name] = median(values)
     del payloads
     ctx.forget_data()
     out = [figures[f"{k}-{kind}"] for kind, _ in kinds for k in ("w", "r", "wc", "rc")]
@@ -220,11 +219,9 @@ def bench_seq(ctx: Context) -> list[Figure]:
     return out
 
 
-def _seq_run(
-    ctx: Context, t: Target, kind: str, payload: bytes
-) -> tuple[float, float, float | None, float | None]:
-    """Write the payload with a final fsync, then read it cold; (write MB/s, read MB/s,
-    daemon CPU seconds per GiB written, per GiB read)."""
+def _seq_run(ctx: Context, t: Target, kind: str, payload: bytes) -> dict[str, float | None]:
+    """Write the payload with a final fsync, then read it cold. Returns write and read
+    MB/s ("w", "r") and the daemon's CPU seconds per GiB written and read ("wc", "rc")."""
     path = t.path / f"seq-{kind}.bin"
     write, write_cpu = _timed(ctx, t, f"seq-write-{kind}", len(payload),
                               lambda: write_file(path, payload))  # fmt: skip
@@ -234,7 +231,7 @@ def _seq_run(
                             lambda: read_file(path, payload))  # fmt: skip
     log(f"seq: {t.name} read {kind} cold at {read:.0f} MB/s")
     path.unlink()
-    return write, read, write_cpu, read_cpu
+    return {"w": write, "r": read, "wc": write_cpu, "rc": read_cpu}
 
 
 def _timed(
