@@ -19,6 +19,7 @@ import time
 
 import trio
 
+from sealfs.chunking.fastcdc import MIN_CHUNK
 from sealfs.errors import FencedError, ObjectExistsError, SealfsError
 from sealfs.meta import ops
 from sealfs.meta.codec import LoggedSegment, Segment, encode_segment, segment_name, snapshot_name
@@ -175,32 +176,47 @@ class Committer:
         return job
 
     async def relieve_pressure(self) -> None:
-        """Seal the largest dirty file early so buffered memory stays bounded.
+        """Free buffered memory early: seal the largest dirty file alone, or commit.
 
-        Its records join the queue for the next commit; the chunks go to the
-        store now (unreferenced until that commit, like any upload in flight).
+        A file holding a chunk's worth or more is sealed alone (see _flush_early).
+        When even the largest holds less, the memory is spread over many small
+        files: sealing them one per call cost a worker-thread call and a scan of
+        every dirty file each, quadratic in their number (a tree copy with a long
+        commit interval ran twice as slow). A commit seals them in batches.
         """
         async with self.gate:
             dirty = self._files.dirty_inodes()
             if not dirty:
                 return
             ino = max(dirty, key=lambda i: self._files.files[i].dirty.nbytes)
-            job = self._detach(ino, self.pending)
-            if job is None:
-                await self._files.wait_idle(ino)  # a commit is flushing it: wait, don't spin
+            if self._files.files[ino].dirty.nbytes >= MIN_CHUNK:
+                await self._flush_early(ino)
                 return
-            produced: list[ops.Op] = []
-            try:
-                tail = await self._files.flush(job, produced, keep_tail=True)
-            except BaseException:
-                self._files.finish(job, None, failed=True)
-                raise
-            self._files.finish(job, tail, failed=False)
-            if ino not in self._live.inodes:
-                # Deleted meanwhile, and its deletion is queued already (no cut can pass the
-                # gate): a data record after it would name a missing inode at replay.
-                produced = [op for op in produced if op[0] != ops.DATA]
-            self.pending.extend(produced)
+        await self.commit()
+
+    async def _flush_early(self, ino: int) -> None:
+        """Seal one file's dirty bytes now, the gate held, keeping back its unfinished
+        last chunk so that a streaming writer is cut as in one pass.
+
+        Its records join the queue for the next commit; the chunks go to the
+        store now (unreferenced until that commit, like any upload in flight).
+        """
+        job = self._detach(ino, self.pending)
+        if job is None:
+            await self._files.wait_idle(ino)  # a commit is flushing it: wait, don't spin
+            return
+        produced: list[ops.Op] = []
+        try:
+            tail = await self._files.flush(job, produced, keep_tail=True)
+        except BaseException:
+            self._files.finish(job, None, failed=True)
+            raise
+        self._files.finish(job, tail, failed=False)
+        if ino not in self._live.inodes:
+            # Deleted meanwhile, and its deletion is queued already (no cut can pass the
+            # gate): a data record after it would name a missing inode at replay.
+            produced = [op for op in produced if op[0] != ops.DATA]
+        self.pending.extend(produced)
 
     async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
         failure: list[BaseException] = []

@@ -459,6 +459,32 @@ async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_
         assert await read_all(v, attr.ino) == data
 
 
+async def test_pressure_from_many_small_files_commits_them_in_batches(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: with only small files dirty, each early flush sealed one of them in a
+    worker-thread call after scanning every dirty file; a tree copy with a long commit
+    interval ran twice as slow. Now the pressure starts a commit, which batches them."""
+    options = {"flush_threshold": MiB, "max_buffered": 2 * MiB, "commit_interval": 3600.0}
+    files = {f"f{k:03d}".encode(): stream(100 + k, 8 * 1024) for k in range(600)}  # 4.7 MiB
+    async with session(volume_store, **options) as v:  # type: ignore[arg-type]
+        alone = 0
+        flush = v.files.flush
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal alone
+            alone += 1
+            return await flush(*args, **kwargs)
+
+        v.files.flush = counting  # type: ignore[method-assign]
+        inos = {name: await mkfile(v, ROOT_INO, name, data) for name, data in files.items()}
+        await wait_until(lambda: v.files.buffered_bytes <= options["flush_threshold"])
+        assert alone == 0, "small files were sealed one at a time"
+        assert v.commits.segments_written >= 1, "the pressure started no commit"
+        for name, data in files.items():
+            assert await read_all(v, inos[name]) == data
+
+
 # -- commits in the middle of a stream (forced cuts) -----------------------------------------
 
 STREAMING = {"flush_threshold": 8 * MiB, "max_buffered": 16 * MiB, "commit_interval": 3600.0}
