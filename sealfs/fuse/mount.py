@@ -33,6 +33,9 @@ def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
     _check_mountpoint(mountpoint)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
+    # Said, not left to libfuse's defaults: writes by other users do not clear the
+    # set-user-ID and set-group-ID bits (docs/design.md), so they must never take effect.
+    options |= {"nosuid", "nodev"}
     if allow_other:
         options.add("allow_other")
     if volume.read_only:

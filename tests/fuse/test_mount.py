@@ -19,3 +19,11 @@ def test_read_ahead_is_raised_before_mount_returns(mounted_env: VolumeEnv) -> No
     device = os.stat(mounted_env.mnt).st_dev
     bdi = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
     assert int(bdi.read_text()) == READ_AHEAD_KB
+
+
+def test_mount_is_nosuid_and_nodev(mounted_env: VolumeEnv) -> None:
+    """design.md relies on it: a write by another user leaves the set-ID bits, so they
+    must never take effect through the mount (nor device nodes made on it)."""
+    flags = os.statvfs(mounted_env.mnt).f_flag
+    assert flags & os.ST_NOSUID, "mounted without nosuid"
+    assert flags & os.ST_NODEV, "mounted without nodev"
