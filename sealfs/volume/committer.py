@@ -176,23 +176,30 @@ class Committer:
         return job
 
     async def relieve_pressure(self) -> None:
-        """Free buffered memory early: seal the largest dirty file alone, or commit.
+        """Free buffered memory early: seal the largest dirty file alone, or commit, or wait.
 
         A file holding a chunk's worth or more is sealed alone (see _flush_early).
-        When even the largest holds less, the memory is spread over many small
-        files: sealing them one per call cost a worker-thread call and a scan of
-        every dirty file each, quadratic in their number (a tree copy with a long
-        commit interval ran twice as slow). A commit seals them in batches.
+        Dirty bytes spread over many small files are committed instead: sealing
+        them one per call cost a worker-thread call and a scan of every dirty
+        file each, quadratic in their number (a tree copy with a long commit
+        interval ran twice as slow); a commit seals them in batches. When what
+        is buffered is mostly being flushed already, there is nothing to seal:
+        wait for that flush to free it (a commit would only cut a streaming
+        writer's data short).
         """
         async with self.gate:
-            dirty = self._files.dirty_inodes()
-            if not dirty:
+            files = self._files
+            sizes = {ino: files.files[ino].dirty.nbytes for ino in files.dirty_inodes()}
+            largest = max(sizes, key=sizes.__getitem__, default=None)
+            if largest is not None and sizes[largest] >= MIN_CHUNK:
+                await self._flush_early(largest)
                 return
-            ino = max(dirty, key=lambda i: self._files.files[i].dirty.nbytes)
-            if self._files.files[ino].dirty.nbytes >= MIN_CHUNK:
-                await self._flush_early(ino)
-                return
-        await self.commit()
+            dirty = sum(sizes.values())
+            space = files.space
+        if dirty < MIN_CHUNK and files.buffered_bytes > dirty:
+            await space.wait()
+        else:
+            await self.commit()
 
     async def _flush_early(self, ino: int) -> None:
         """Seal one file's dirty bytes now, the gate held, keeping back its unfinished

@@ -136,6 +136,8 @@ class FileData:
             if not fb.dirty:
                 self._dirty.pop(ino, None)
             self._drop_idle_blocks()
+            if fb.dirty.nbytes < before:
+                self._signal_space()
 
     def forget(self, ino: int) -> None:
         """The inode is gone: drop its buffers without flushing them."""
@@ -146,7 +148,7 @@ class FileData:
             self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
             fb.dirty.release()  # a flushing layer is released when its flush ends
             self._drop_idle_blocks()
-            self.space.set()
+            self._signal_space()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -248,6 +250,11 @@ class FileData:
             self._dirty[job.inode.ino] = None
         else:
             del self.files[job.inode.ino]  # nothing buffered, nothing flushing
+        self._signal_space()
+
+    def _signal_space(self) -> None:
+        """Wake whoever waits for buffered bytes to drop; later waiters wait for the next drop
+        (an event left set would make their wait loops spin)."""
         self.space.set()
         self.space = trio.Event()
 

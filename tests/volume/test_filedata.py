@@ -485,6 +485,52 @@ async def test_pressure_from_many_small_files_commits_them_in_batches(
             assert await read_all(v, inos[name]) == data
 
 
+async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """With nothing dirty and a commit flushing what is buffered, relieving pressure has
+    nothing to seal: it waits for that flush instead of starting another commit (which
+    would cut a streaming writer's data short) or returning at once (its caller's loop
+    then spun until the flush ended)."""
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store, **SMALL) as v:  # type: ignore[arg-type]
+        commits = 0
+        commit = v.commits.commit
+
+        async def counting(*args: Any, **kwargs: Any) -> None:
+            nonlocal commits
+            commits += 1
+            await commit(*args, **kwargs)
+
+        v.commits.commit = counting  # type: ignore[method-assign]
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        data = stream(12, 2 * MiB)
+        await v.write(fh, 0, data)
+        store.close_gate()
+        relieved = trio.Event()
+
+        async def relieve() -> None:
+            await v.commits.relieve_pressure()
+            relieved.set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)  # its commit detaches the file, then waits
+                await wait_until(lambda: store.waiting > 0)
+                assert not v.files.has_dirty() and v.files.buffered_bytes == len(data)
+                nursery.start_soon(relieve)
+                await trio.sleep(0.2)
+                assert not relieved.is_set(), "returned while the flush still held the bytes"
+                store.open_gate()
+                with trio.fail_after(10):
+                    await relieved.wait()
+        finally:
+            store.open_gate()
+        assert commits == 1, "relieving pressure started a commit of its own"
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
+
+
 # -- commits in the middle of a stream (forced cuts) -----------------------------------------
 
 STREAMING = {"flush_threshold": 8 * MiB, "max_buffered": 16 * MiB, "commit_interval": 3600.0}
