@@ -546,16 +546,30 @@ class Volume:
             self._relieving = True
             self._spawn(self._relieve)
         while self.files.buffered_bytes > self.options.max_buffered:
+            if self.commits.fenced is not None:
+                raise FsError(errno.EROFS)  # nothing buffered will be committed now
             await self.files.space.wait()
 
     async def _relieve(self) -> None:
+        """Flush early until buffered bytes are down to half the threshold.
+
+        A failure is retried, as the commit loop retries: writers blocked at
+        max_buffered wait for this, and the commit loop may not run for a whole
+        interval. Once the volume is fenced nothing will be committed, so the
+        blocked writers are woken to fail with EROFS instead.
+        """
         try:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
-                await self.commits.relieve_pressure()
-        except Exception as exc:
-            log.warning("early flush failed: %s", exc)
+                try:
+                    await self.commits.relieve_pressure()
+                except FencedError:
+                    return
+                except SealfsError as exc:
+                    log.warning("early flush failed, will retry: %s", exc)
+                    await trio.sleep(min(self.options.commit_interval, 1.0))
         finally:
             self._relieving = False
+            self.files.wake_space_waiters()
 
     async def flush(self, fh: int) -> None:
         """close(2) on a descriptor: commits first only with --sync-on-close."""

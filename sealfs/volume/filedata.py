@@ -137,7 +137,7 @@ class FileData:
                 self._dirty.pop(ino, None)
             self._drop_idle_blocks()
             if fb.dirty.nbytes < before:
-                self._signal_space()
+                self.wake_space_waiters()
 
     def forget(self, ino: int) -> None:
         """The inode is gone: drop its buffers without flushing them."""
@@ -148,7 +148,7 @@ class FileData:
             self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
             fb.dirty.release()  # a flushing layer is released when its flush ends
             self._drop_idle_blocks()
-            self._signal_space()
+            self.wake_space_waiters()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -250,11 +250,12 @@ class FileData:
             self._dirty[job.inode.ino] = None
         else:
             del self.files[job.inode.ino]  # nothing buffered, nothing flushing
-        self._signal_space()
+        self.wake_space_waiters()
 
-    def _signal_space(self) -> None:
-        """Wake whoever waits for buffered bytes to drop; later waiters wait for the next drop
-        (an event left set would make their wait loops spin)."""
+    def wake_space_waiters(self) -> None:
+        """Wake whoever waits for buffered bytes to drop (or, for the engine, to see that
+        they never will); later waiters wait for the next drop (an event left set would
+        make their wait loops spin)."""
         self.space.set()
         self.space = trio.Event()
 

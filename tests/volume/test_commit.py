@@ -335,6 +335,39 @@ async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
             await expect(errno.EROFS, v.fsync())
 
 
+PRESSURE = {"flush_threshold": 512 * 1024, "max_buffered": 1 << 20, **QUIET}
+
+
+async def test_writers_waiting_for_buffer_space_fail_once_the_volume_is_fenced(
+    volume_store: MemoryStore,
+) -> None:
+    """Regression: small files under pressure are committed early; when that commit met
+    the fence, the early flush ended and writers blocked at max_buffered waited forever
+    (nothing would ever be committed, so nothing freed the bytes)."""
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(volume_store, **PRESSURE) as v:
+            other = open_volume(volume_store, Passphrase(PASSPHRASE))
+            claim_writer(other)
+            with trio.fail_after(20), pytest.raises(FsError) as info:
+                for k in range(1000):
+                    await mkfile(v, ROOT_INO, b"f%04d" % k, os.urandom(8192))
+            assert info.value.errno == errno.EROFS
+            assert v.commits.fenced is not None
+
+
+async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultyStore) -> None:
+    """Regression: a failed early flush ended, and writers blocked at max_buffered waited
+    for the commit loop, a whole commit interval away."""
+    files = {b"f%04d" % k: os.urandom(8192) for k in range(400)}
+    async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
+        faulty.fail_next("put_if_absent", "l/", "unavailable")
+        with trio.fail_after(30):
+            inos = {name: await mkfile(v, ROOT_INO, name, data) for name, data in files.items()}
+        assert faulty.injected
+        for name in (b"f0000", b"f0399"):
+            assert await read_all(v, inos[name]) == files[name]
+
+
 # -- snapshots -------------------------------------------------------------------------------
 
 

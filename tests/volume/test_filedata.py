@@ -488,8 +488,8 @@ async def test_pressure_from_many_small_files_commits_them_in_batches(
 async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
     memory_store: MemoryStore, kdf_params: Any
 ) -> None:
-    """With nothing dirty and a commit flushing what is buffered, relieving pressure has
-    nothing to seal: it waits for that flush instead of starting another commit (which
+    """With little dirty and a commit flushing most of what is buffered, relieving pressure
+    has little to seal: it waits for that flush instead of starting another commit (which
     would cut a streaming writer's data short) or returning at once (its caller's loop
     then spun until the flush ended)."""
     store = await gated_volume_store(memory_store, kdf_params)
@@ -517,7 +517,8 @@ async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(v.fsync)  # its commit detaches the file, then waits
                 await wait_until(lambda: store.waiting > 0)
-                assert not v.files.has_dirty() and v.files.buffered_bytes == len(data)
+                small = await mkfile(v, ROOT_INO, b"g", b"g" * 8192)  # a little is dirty
+                assert v.files.buffered_bytes == len(data) + 8192
                 nursery.start_soon(relieve)
                 await trio.sleep(0.2)
                 assert not relieved.is_set(), "returned while the flush still held the bytes"
@@ -529,6 +530,7 @@ async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
         assert commits == 1, "relieving pressure started a commit of its own"
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
+        assert await read_all(v, small) == b"g" * 8192
 
 
 # -- commits in the middle of a stream (forced cuts) -----------------------------------------
