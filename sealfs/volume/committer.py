@@ -20,12 +20,20 @@ import time
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
+from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import FencedError, ObjectExistsError, SealfsError
 from sealfs.meta import ops
-from sealfs.meta.codec import LoggedSegment, Segment, encode_segment, segment_name, snapshot_name
-from sealfs.meta.compact import compact
+from sealfs.meta.codec import (
+    LoggedSegment,
+    SealKeys,
+    Segment,
+    encode_segment,
+    segment_name,
+    snapshot_name,
+)
+from sealfs.meta.compact import Snapshot, compact
 from sealfs.volume.filedata import Detached, FileData, record
-from sealfs.volume.loader import Loaded
+from sealfs.volume.loader import Loaded, collector_paused
 
 log = logging.getLogger("sealfs.volume")
 
@@ -338,7 +346,7 @@ class Committer:
             tail = list(self._tail)
             with self._keys.sealing() as keys:
                 gen, sealed = await trio.to_thread.run_sync(
-                    compact, self._keys, keys, self._volume_id, self._base, tail,
+                    _compact_unscanned, self._keys, keys, self._volume_id, self._base, tail,
                     limiter=self._limiter,
                 )  # fmt: skip
                 name = snapshot_name(gen)
@@ -358,3 +366,20 @@ class Committer:
         """A rekey re-sealed s/<generation>: compaction must start from the new bytes."""
         if self._base is not None and self._base[0] == generation:
             self._base = (generation, sealed)
+
+
+def _compact_unscanned(
+    ring: KeyRing,
+    keys: SealKeys,
+    volume_id: bytes,
+    base: Snapshot | None,
+    tail: list[LoggedSegment],
+) -> Snapshot:
+    """compact() with the cyclic collector paused, as a mount pauses it to load.
+
+    Decoding a snapshot makes a few long-lived objects per inode, and every
+    collection that their allocation triggers also scans the live state: with
+    100,000 files a compaction took 4.4 s in the daemon, 1.6 s paused.
+    """
+    with collector_paused():
+        return compact(ring, keys, volume_id, base, tail)

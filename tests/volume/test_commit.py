@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 from typing import Any
 
@@ -369,6 +370,30 @@ async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultySt
 
 
 # -- snapshots -------------------------------------------------------------------------------
+
+
+async def test_compaction_runs_with_the_cyclic_collector_paused(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding the previous snapshot allocates a few objects per inode; with the
+    collector on, each collection also scanned the live state (100,000 files: 4.4 s
+    against 1.6 s). The collector is paused for it and on again afterwards."""
+    seen: list[bool] = []
+    real = committer.compact
+
+    def watching(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(committer, "compact", watching)
+    assert gc.isenabled()
+    async with session(volume_store, **QUIET) as v:
+        await mkfile(v, ROOT_INO, b"f", b"x")
+        await v.fsync()
+        await v.commits.snapshot()
+        assert seen == [False]
+        assert gc.isenabled()
+        assert volume_store.list(SNAPSHOT_PREFIX)
 
 
 async def test_snapshot_after_enough_ops_and_reopen_from_it(
