@@ -14,6 +14,7 @@ import trio
 from sealfs.errors import FencedError, FsError, StoreError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
+from sealfs.meta import compact as compaction
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, segment_name
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.faults import FaultyStore
@@ -379,13 +380,13 @@ async def test_compaction_runs_with_the_cyclic_collector_paused(
     collector on, each collection also scanned the live state (100,000 files: 4.4 s
     against 1.6 s). The collector is paused for it and on again afterwards."""
     seen: list[bool] = []
-    real = committer.compact
+    real = compaction.encode_snapshot
 
     def watching(*args: Any) -> Any:
         seen.append(gc.isenabled())
         return real(*args)
 
-    monkeypatch.setattr(committer, "compact", watching)
+    monkeypatch.setattr(compaction, "encode_snapshot", watching)
     assert gc.isenabled()
     async with session(volume_store, **QUIET) as v:
         await mkfile(v, ROOT_INO, b"f", b"x")

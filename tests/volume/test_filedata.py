@@ -74,6 +74,20 @@ async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
             await trio.sleep(0.001)
 
 
+class Counted:
+    """Replaces an object's async method, in place, by one that counts its calls."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        self.calls = 0
+        method = getattr(obj, name)
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return await method(*args, **kwargs)
+
+        setattr(obj, name, counting)
+
+
 def chunk_objects(store: ObjectStore) -> set[str]:
     return set(store.list("c/"))
 
@@ -431,15 +445,7 @@ async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_
     loop called relieve_pressure back to back (thousands of times a second)."""
     store = await gated_volume_store(memory_store, kdf_params)
     async with session(store, **SMALL) as v:  # type: ignore[arg-type]
-        calls = 0
-        relieve = v.commits.relieve_pressure
-
-        async def counting() -> None:
-            nonlocal calls
-            calls += 1
-            await relieve()
-
-        v.commits.relieve_pressure = counting  # type: ignore[method-assign]
+        relieves = Counted(v.commits, "relieve_pressure")
         fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
         data = stream(11, 7 * MiB)
         await v.write(fh, 0, data[:MiB])
@@ -450,7 +456,7 @@ async def test_early_flush_waits_instead_of_spinning_while_a_commit_flushes_the_
                 await wait_until(lambda: store.waiting > 0)
                 await v.write(fh, MiB, data[MiB:])  # over flush_threshold, same file
                 await trio.sleep(0.2)
-                assert 1 <= calls <= 3
+                assert 1 <= relieves.calls <= 3
                 store.open_gate()
         finally:
             store.open_gate()
@@ -468,18 +474,10 @@ async def test_pressure_from_many_small_files_commits_them_in_batches(
     options = {"flush_threshold": MiB, "max_buffered": 2 * MiB, "commit_interval": 3600.0}
     files = {f"f{k:03d}".encode(): stream(100 + k, 8 * 1024) for k in range(600)}  # 4.7 MiB
     async with session(volume_store, **options) as v:  # type: ignore[arg-type]
-        alone = 0
-        flush = v.files.flush
-
-        async def counting(*args: Any, **kwargs: Any) -> Any:
-            nonlocal alone
-            alone += 1
-            return await flush(*args, **kwargs)
-
-        v.files.flush = counting  # type: ignore[method-assign]
+        alone = Counted(v.files, "flush")
         inos = {name: await mkfile(v, ROOT_INO, name, data) for name, data in files.items()}
         await wait_until(lambda: v.files.buffered_bytes <= options["flush_threshold"])
-        assert alone == 0, "small files were sealed one at a time"
+        assert alone.calls == 0, "small files were sealed one at a time"
         assert v.commits.segments_written >= 1, "the pressure started no commit"
         for name, data in files.items():
             assert await read_all(v, inos[name]) == data
@@ -494,15 +492,7 @@ async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
     then spun until the flush ended)."""
     store = await gated_volume_store(memory_store, kdf_params)
     async with session(store, **SMALL) as v:  # type: ignore[arg-type]
-        commits = 0
-        commit = v.commits.commit
-
-        async def counting(*args: Any, **kwargs: Any) -> None:
-            nonlocal commits
-            commits += 1
-            await commit(*args, **kwargs)
-
-        v.commits.commit = counting  # type: ignore[method-assign]
+        commits = Counted(v.commits, "commit")
         fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
         data = stream(12, 2 * MiB)
         await v.write(fh, 0, data)
@@ -527,7 +517,7 @@ async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
                     await relieved.wait()
         finally:
             store.open_gate()
-        assert commits == 1, "relieving pressure started a commit of its own"
+        assert commits.calls == 1, "relieving pressure started a commit of its own"
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
         assert await read_all(v, small) == b"g" * 8192
