@@ -22,13 +22,7 @@ import trio
 from sealfs.chunking.fastcdc import MIN_CHUNK
 from sealfs.errors import FencedError, ObjectExistsError, SealfsError
 from sealfs.meta import ops
-from sealfs.meta.codec import (
-    LoggedSegment,
-    Segment,
-    encode_segment,
-    segment_name,
-    snapshot_name,
-)
+from sealfs.meta.codec import LoggedSegment, Segment, encode_segment, segment_name, snapshot_name
 from sealfs.meta.compact import compact
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
@@ -296,6 +290,7 @@ class Committer:
         except FencedError as exc:
             self.fenced = exc
             log.error("%s", exc)
+            self._files.wake_space_waiters()  # writers waiting for buffer space: EROFS now
             raise
         except BaseException:
             self._unsure = (segment, sealed, digest)

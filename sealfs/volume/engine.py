@@ -555,8 +555,8 @@ class Volume:
 
         A failure is retried, as the commit loop retries: writers blocked at
         max_buffered wait for this, and the commit loop may not run for a whole
-        interval. Once the volume is fenced nothing will be committed, so the
-        blocked writers are woken to fail with EROFS instead.
+        interval. Once the volume is fenced nothing will be committed: the
+        fence wakes the blocked writers, which fail with EROFS.
         """
         try:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
@@ -569,7 +569,6 @@ class Volume:
                     await trio.sleep(min(self.options.commit_interval, 1.0))
         finally:
             self._relieving = False
-            self.files.wake_space_waiters()
 
     async def flush(self, fh: int) -> None:
         """close(2) on a descriptor: commits first only with --sync-on-close."""

@@ -253,7 +253,7 @@ class FileData:
         self.wake_space_waiters()
 
     def wake_space_waiters(self) -> None:
-        """Wake whoever waits for buffered bytes to drop (or, for the engine, to see that
+        """Wake whoever waits for buffered bytes to drop (or, after a fence, to see that
         they never will); later waiters wait for the next drop (an event left set would
         make their wait loops spin)."""
         self.space.set()
