@@ -8,40 +8,50 @@ writes = st.lists(
 )
 
 
-def write_both(
-    buf: SparseBuffer, ops: list[tuple[int, bytes, bool]]
-) -> tuple[bytearray, list[bool]]:
-    """Apply ops to buf and to a flat reference; return the reference's bytes and which
-    of them were written."""
-    ref, known = bytearray(400), [False] * 400
+class Reference:
+    """The flat model of a buffer: its bytes, and which of them were written."""
+
+    def __init__(self) -> None:
+        self.data, self.known = bytearray(400), [False] * 400
+
+    def write(self, offset: int, data: bytes, under: bool) -> None:
+        for k, byte in enumerate(data):
+            if not (under and self.known[offset + k]):
+                self.data[offset + k] = byte
+            self.known[offset + k] = True
+
+    def truncate(self, cut: int) -> None:
+        for k in range(cut, 400):
+            self.known[k], self.data[k] = False, 0
+
+
+def write_both(buf: SparseBuffer, ops: list[tuple[int, bytes, bool]]) -> Reference:
+    """Apply ops to buf and to a flat reference, and return the reference."""
+    ref = Reference()
     for offset, data, under in ops:
         if under:
             buf.write_under(offset, data)
         else:
             buf.write(offset, data)
-        for k, byte in enumerate(data):
-            if not (under and known[offset + k]):
-                ref[offset + k] = byte
-            known[offset + k] = True
-    return ref, known
+        ref.write(offset, data, under)
+    return ref
 
 
 @given(writes, st.integers(0, 400))
 def test_buffer_matches_a_flat_reference(ops: list[tuple[int, bytes, bool]], cut: int) -> None:
     buf = SparseBuffer()
-    ref, known = write_both(buf, ops)
+    ref = write_both(buf, ops)
     buf.truncate(cut)
-    for k in range(cut, 400):
-        known[k], ref[k] = False, 0
+    ref.truncate(cut)
     out = bytearray(400)
     buf.overlay(out, 0)
-    assert out == ref
-    assert buf.nbytes == sum(known)
+    assert out == ref.data
+    assert buf.nbytes == sum(ref.known)
     covered = [False] * 400
     for start, data in buf.ranges():
         for k in range(start, start + len(data)):
             covered[k] = True
-    assert covered == known
+    assert covered == ref.known
 
 
 def test_sequential_appends_stay_one_range() -> None:
@@ -74,12 +84,12 @@ def test_pooled_buffer_matches_a_flat_reference(
 ) -> None:
     pool = tiny_pool(max_blocks=2)
     buf = SparseBuffer(pool)
-    ref, known = write_both(buf, ops)
+    ref = write_both(buf, ops)
     buf.truncate(cut)
     out = bytearray(400)
     buf.overlay(out, 0)
-    assert out[:cut] == ref[:cut] and not any(out[cut:])
-    assert buf.nbytes == sum(known[:cut])
+    assert out[:cut] == ref.data[:cut] and not any(out[cut:])
+    assert buf.nbytes == sum(ref.known[:cut])
     copy = buf.copy_range(0, 400)
     buf.release()
     assert pool.lent == 0 and not buf and buf.nbytes == 0
@@ -163,28 +173,23 @@ def test_buffers_sharing_a_pool_never_see_each_others_bytes(
     live (a failed flush's traceback can hold them), and the file starts afresh."""
     pool = tiny_pool(max_blocks=2)
     bufs = [SparseBuffer(pool), SparseBuffer(pool)]
-    refs = [bytearray(400), bytearray(400)]
-    known = [[False] * 400, [False] * 400]
+    refs = [Reference(), Reference()]
     held: list[tuple[memoryview, bytes]] = []
     for op, b, offset, data in ops:
         if op == "detach":
             held.extend((view, bytes(view)) for _, view in bufs[b].ranges())
             bufs[b].release()
-            bufs[b], refs[b], known[b] = SparseBuffer(pool), bytearray(400), [False] * 400
+            bufs[b], refs[b] = SparseBuffer(pool), Reference()
         elif op == "truncate":
             bufs[b].truncate(offset)
-            for k in range(offset, 400):
-                known[b][k], refs[b][k] = False, 0
+            refs[b].truncate(offset)
         else:
             (bufs[b].write if op == "write" else bufs[b].write_under)(offset, data)
-            for k, byte in enumerate(data):
-                if not (op == "under" and known[b][offset + k]):
-                    refs[b][offset + k] = byte
-                known[b][offset + k] = True
-        for buf, ref, kn in zip(bufs, refs, known, strict=True):
+            refs[b].write(offset, data, op == "under")
+        for buf, ref in zip(bufs, refs, strict=True):
             out = bytearray(400)
             buf.overlay(out, 0)
-            assert out == ref and buf.nbytes == sum(kn)
+            assert out == ref.data and buf.nbytes == sum(ref.known)
         assert pool.lent <= 2
     for view, seen in held:
         assert bytes(view) == seen, "a block was reused while a flush still viewed it"
