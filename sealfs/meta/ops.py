@@ -204,10 +204,23 @@ _APPLY: dict[int, Callable[[MetaState, Op, bool], None]] = {
     WRITER: _apply_writer,
 }
 
+# Integers on the wire are msgpack's: a natural number is at most U64_MAX, and a
+# time (nanoseconds since the epoch) may also be negative, down to TIME_MIN_NS.
+# Anything outside would fail to encode at commit time, after the operation
+# that made it had already succeeded.
+U64_MAX = 2**64 - 1
+TIME_MIN_NS = -(2**63)
+TIME_MAX_NS = U64_MAX
+
+
+class _Time:
+    """Marker in _SHAPES for a time field, the one kind of signed integer."""
+
+
 # Wire types of each record's fields after the opcode (int means a natural number).
-_N, _B = int, bytes
+_N, _B, _T = int, bytes, _Time
 _SHAPES: dict[int, tuple[type, ...]] = {
-    PUT_INODE: (_N,) * 11 + (_B,),
+    PUT_INODE: (_N,) * 6 + (_T,) * 3 + (_N,) * 2 + (_B,),
     DEL_INODE: (_N,),
     LINK: (_N, _B, _N),
     UNLINK: (_N, _B),
@@ -217,20 +230,42 @@ _SHAPES: dict[int, tuple[type, ...]] = {
     CHUNK: (_B, _N, _N),
     WRITER: (str, _N, _B, _N, bool),
 }
-
+_TIME_FIELDS = (6, 7, 8)  # atime, mtime and ctime among the inode fields
 
 # Inode fields that the kernel and the stat module hold in 32 bits: mode, uid, gid.
 _U32_FIELDS = (1, 2, 3)
 _U32_MAX = 0xFFFF_FFFF
 
 
+def clamp_time(ns: int) -> int:
+    """ns limited to the times the format can hold (about 1677 to 2554).
+
+    Linux clamps every file system's times to what it can store rather than
+    failing the call, so a far-off time set through the mount does the same.
+    """
+    return min(max(ns, TIME_MIN_NS), TIME_MAX_NS)
+
+
+def _fits(kind: type, value: object) -> bool:
+    # type() rather than isinstance(): True is not a number here.
+    if kind is int:
+        return type(value) is int and 0 <= value <= U64_MAX
+    if kind is _Time:
+        return type(value) is int and TIME_MIN_NS <= value <= TIME_MAX_NS
+    return type(value) is kind
+
+
 def check_inode_fields(fields: list[Any]) -> None:
-    """The fast path of check() for the 12 inode fields of a snapshot row."""
+    """The fast path of check() for the 12 inode fields of a snapshot row.
+
+    Decoded msgpack cannot exceed its own integer range, so only the sign of
+    the naturals needs checking here.
+    """
     if type(fields[11]) is not bytes:
         raise FormatError("malformed inode record in metadata")
     for k in range(11):
         value = fields[k]
-        if type(value) is not int or value < 0:
+        if type(value) is not int or (value < 0 and k not in _TIME_FIELDS):
             raise FormatError("malformed inode record in metadata")
     _check_u32_fields(fields)
 
@@ -242,18 +277,11 @@ def _check_u32_fields(fields: list[Any]) -> None:
 
 
 def check(op: object) -> None:
-    """FormatError unless op is a known record with fields of the right types."""
+    """FormatError unless op is a known record with fields of the right types and ranges."""
     if type(op) is not list or not op or type(op[0]) is not int or op[0] not in _SHAPES:
         raise FormatError("unknown operation record in metadata")
     shape = _SHAPES[op[0]]
-    if len(op) != len(shape) + 1:
+    if len(op) != len(shape) + 1 or not all(map(_fits, shape, op[1:])):
         raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
-    for kind, value in zip(shape, op[1:], strict=True):
-        if kind is int:
-            # type() rather than isinstance(): True is not a number here.
-            if type(value) is not int or value < 0:
-                raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
-        elif type(value) is not kind:
-            raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
     if op[0] == PUT_INODE:
         _check_u32_fields(op[1:])

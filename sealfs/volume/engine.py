@@ -477,8 +477,8 @@ class Volume:
         for key, value in (
             ("uid", uid),
             ("gid", gid),
-            ("atime_ns", atime_ns),
-            ("mtime_ns", mtime_ns),
+            ("atime_ns", None if atime_ns is None else ops.clamp_time(atime_ns)),
+            ("mtime_ns", None if mtime_ns is None else ops.clamp_time(mtime_ns)),
         ):
             if value is not None:
                 changes[key] = value

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import trio
 
+from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
 from tests.acls import NAMED_USER_ACL, mode_acl
@@ -853,6 +854,32 @@ def test_utimens_with_nanoseconds_reads_back_exactly(mounted_env: VolumeEnv) -> 
     now = os.stat(f)
     assert now.st_mtime_ns > 1_600_000_000 * 10**9
     assert now.st_ctime_ns >= before
+
+
+def test_times_before_1970_are_kept_and_far_ones_clamped(mounted_env: VolumeEnv) -> None:
+    """touch -d 1960 works as on ext4; a time the format cannot hold is clamped, not fatal.
+
+    Year 3000 once reached the commit unchecked, failed to encode there and
+    took the daemon down with everything not yet committed.
+    """
+    mnt = mounted_env.mnt
+    old, far = mnt / "old", mnt / "far"
+    old.write_bytes(b"from the sixties")
+    far.write_bytes(b"from the future")
+    before_1970 = -315_619_199_999_999_999  # 1960-01-01, plus a nanosecond
+    os.utime(old, ns=(before_1970, before_1970 - 10**9))
+    os.utime(far, ns=(32_503_680_000 * 10**9, 0))  # year 3000
+    expected = {old: (before_1970, before_1970 - 10**9), far: (ops.TIME_MAX_NS, 0)}
+
+    def check() -> None:
+        for path, times in expected.items():
+            st = os.stat(path)
+            assert (st.st_atime_ns, st.st_mtime_ns) == times, path
+
+    check()
+    remount(mounted_env)
+    check()
+    assert old.read_bytes() == b"from the sixties"
 
 
 def test_writes_update_mtime_and_it_persists(mounted_env: VolumeEnv) -> None:

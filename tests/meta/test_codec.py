@@ -137,6 +137,23 @@ def test_snapshot_round_trip() -> None:
     assert state_signature(back) == state_signature(state)
 
 
+def test_times_at_the_ends_of_their_range_round_trip() -> None:
+    """Times are signed (before 1970 is negative) and reach msgpack's unsigned maximum."""
+    times = {"atime_ns": ops.TIME_MIN_NS, "mtime_ns": -1_500_000_001, "ctime_ns": ops.TIME_MAX_NS}
+    file = ops.new_inode_record(**{
+        **dict(zip(ops.INODE_FIELD_NAMES, inode_record(3, stat.S_IFREG | 0o644)[1:], strict=True)),
+        **times,
+    })  # fmt: skip
+    records = [*sample_records(), file]
+    ((logged, sealed),) = build_segments([records])
+    assert decode_segment(RING, VOLUME_ID, 1, sealed).segment == logged.segment
+    state = MetaState()
+    replay_segment(state, logged)
+    back = decode_snapshot(RING, VOLUME_ID, 1, encode_snapshot(KEYS, VOLUME_ID, state))
+    inode = back.inodes[3]
+    assert (inode.atime_ns, inode.mtime_ns, inode.ctime_ns) == tuple(times.values())
+
+
 def test_snapshot_of_an_empty_state_round_trips() -> None:
     state = MetaState()
     sealed = encode_snapshot(KEYS, VOLUME_ID, state)

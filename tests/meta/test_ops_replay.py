@@ -109,6 +109,11 @@ def test_apply_on_malformed_records_raises_only_format_error(records: list[objec
         [ops.SET_XATTR, 77, b"a", b"b"],
         [ops.PUT_INODE, *inode_record(3, stat.S_IFDIR | 0o755)[1:]],  # type change
         [ops.WRITER, "h", 1, b"m", 1, 1],
+        # Past msgpack's integers: the engine must never queue what cannot be committed.
+        [ops.DEL_INODE, ops.U64_MAX + 1],
+        ops.put_inode(base_state().inodes[3], mtime_ns=ops.TIME_MAX_NS + 1),
+        ops.put_inode(base_state().inodes[3], atime_ns=ops.TIME_MIN_NS - 1),
+        ops.put_inode(base_state().inodes[3], size=-1),
     ],
 )
 def test_apply_refuses_malformed_record(record: list[object]) -> None:

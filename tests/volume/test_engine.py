@@ -17,6 +17,7 @@ import pytest
 
 from sealfs.errors import FsError
 from sealfs.keys.slots import Passphrase, Unlocked
+from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, MetaState
 from sealfs.store.base import ObjectStore
 from sealfs.volume import loader
@@ -415,6 +416,22 @@ async def test_setattr_mode_owner_times(volume_store: ObjectStore) -> None:
         assert attr.mode == stat.S_IFREG | 0o4711  # the type never changes
         assert (attr.uid, attr.gid, attr.atime_ns, attr.mtime_ns) == (5, 6, 111, 222)
         assert attr.ctime_ns > 222
+
+
+async def test_setattr_times_before_1970_and_past_the_format_range(
+    volume_store: ObjectStore,
+) -> None:
+    """Negative times are kept; times the format cannot hold are clamped, as Linux clamps."""
+    before_1970, far_future = -315_619_200_000_000_001, 32_503_680_000 * 10**9  # 1960, 3000
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f")
+        attr = await v.setattr(f, atime_ns=far_future, mtime_ns=before_1970)
+        assert (attr.atime_ns, attr.mtime_ns) == (ops.TIME_MAX_NS, before_1970)
+        attr = await v.setattr(f, atime_ns=-(2**70))
+        assert attr.atime_ns == ops.TIME_MIN_NS
+    async with session(volume_store) as v:  # it was committed
+        inode = v.inode(await ino_of(v, "f"))
+        assert (inode.atime_ns, inode.mtime_ns) == (ops.TIME_MIN_NS, before_1970)
 
 
 async def test_open_with_o_trunc_and_append(volume_store: ObjectStore) -> None:
