@@ -45,11 +45,12 @@ class ExtentMap:
     a volume with many files waits for.
     """
 
-    __slots__ = ("_extents", "_starts", "_wire")
+    __slots__ = ("_extents", "_mapped", "_starts", "_wire")
 
     def __init__(self, extents: list[Extent] | None = None) -> None:
         self._extents: list[Extent] = list(extents) if extents else []
         self._starts: list[int] = [e.start for e in self._extents]
+        self._mapped = sum(e.length for e in self._extents)  # bytes not in a hole
         self._wire: list[Any] | None = None
 
     @classmethod
@@ -58,7 +59,7 @@ class ExtentMap:
         if type(rows) is not list:
             raise FormatError("malformed extent list")
         emap = cls.__new__(cls)  # no __init__: this runs once per file at mount
-        emap._extents, emap._starts, emap._wire = [], [], rows
+        emap._extents, emap._starts, emap._mapped, emap._wire = [], [], 0, rows
         return emap
 
     def _parsed(self) -> list[Extent]:
@@ -68,11 +69,17 @@ class ExtentMap:
                 if after.start < before.end:
                     raise FormatError("overlapping extents in metadata")
             self._extents, self._starts = extents, [e.start for e in extents]
+            self._mapped = sum(e.length for e in extents)
             self._wire = None
         return self._extents
 
     def __iter__(self) -> Iterator[Extent]:
         return iter(self._parsed())
+
+    def mapped_bytes(self) -> int:
+        """How many bytes of the file extents hold: its size less its holes."""
+        self._parsed()
+        return self._mapped
 
     def __len__(self) -> int:
         return len(self._wire) if self._wire is not None else len(self._extents)
@@ -108,6 +115,7 @@ class ExtentMap:
         middle.extend(new)
         if i < j and self._extents[j - 1].end > end:
             middle.append(self._extents[j - 1].clip(end, self._extents[j - 1].end))
+        self._mapped += sum(e.length for e in middle) - sum(e.length for e in self._extents[i:j])
         self._extents[i:j] = middle
         self._starts[i:j] = [e.start for e in middle]
 

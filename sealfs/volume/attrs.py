@@ -25,11 +25,26 @@ class Attr:
     ctime_ns: int
 
 
-def attr_of(inode: Inode) -> Attr:
+def attr_of(inode: Inode, buffered: int = 0) -> Attr:
+    """inode's attributes; buffered: how many bytes of it wait in memory to be sealed."""
     return Attr(
         inode.ino, inode.mode, inode.nlink, inode.uid, inode.gid, inode.rdev, inode.size,
-        (inode.size + 511) // 512, inode.atime_ns, inode.mtime_ns, inode.ctime_ns,
+        _blocks(inode, buffered), inode.atime_ns, inode.mtime_ns, inode.ctime_ns,
     )  # fmt: skip
+
+
+def _blocks(inode: Inode, buffered: int) -> int:
+    """st_blocks: a regular file's bytes outside holes, so that du and cp see sparse files.
+
+    Buffered bytes may overlap stored ones, so the sum is capped by the size.
+    A non-empty file never reports 0: GNU tar --sparse archives such a file
+    as all hole without reading it, and a file written through a shared
+    mapping can hold bytes the kernel has not sent yet.
+    """
+    whole = (inode.size + 511) // 512
+    if inode.extents is None or whole == 0:
+        return whole
+    return max(1, min(whole, (inode.extents.mapped_bytes() + buffered + 511) // 512))
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,6 +196,9 @@ class Volume:
     def _record(self, op: ops.Op) -> None:
         self.commits.record(op)
 
+    def _attr(self, inode: Inode) -> Attr:
+        return attr_of(inode, self.files.buffered_in(inode.ino))
+
     # -- lookups -----------------------------------------------------------------------
 
     def inode(self, ino: int) -> Inode:
@@ -222,10 +225,10 @@ class Volume:
         if ino is None:
             raise FsError(errno.ENOENT)
         self.note_lookup(ino)
-        return attr_of(self.inode(ino))
+        return self._attr(self.inode(ino))
 
     async def getattr(self, ino: int) -> Attr:
-        return attr_of(self.inode(ino))
+        return self._attr(self.inode(ino))
 
     async def forget(self, items: list[tuple[int, int]]) -> None:
         for ino, count in items:
@@ -289,21 +292,23 @@ class Volume:
             stat.S_IFBLK,
         ):
             raise FsError(errno.EINVAL)
-        return attr_of(self._new_node(parent, name, mode, uid, gid, rdev=rdev))
+        return self._attr(self._new_node(parent, name, mode, uid, gid, rdev=rdev))
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
-        return attr_of(self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+        return self._attr(self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
         if len(target) > 4095:
             raise FsError(errno.ENAMETOOLONG)
-        return attr_of(self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target))
+        return self._attr(
+            self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target)
+        )
 
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
     ) -> tuple[int, Attr]:
         inode = self._new_node(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
-        return self._open_handle(inode.ino, flags), attr_of(inode)
+        return self._open_handle(inode.ino, flags), self._attr(inode)
 
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
         self._writable()
@@ -320,7 +325,7 @@ class Volume:
         self._record(ops.put_inode(inode, nlink=inode.nlink + 1, ctime_ns=now))
         self._record(ops.put_inode(pdir, mtime_ns=now, ctime_ns=now))
         self.note_lookup(ino)
-        return attr_of(inode)
+        return self._attr(inode)
 
     # -- removing nodes ----------------------------------------------------------------
 
@@ -483,7 +488,7 @@ class Volume:
             if value is not None:
                 changes[key] = value
         self._record(ops.put_inode(inode, **changes))
-        return attr_of(inode)
+        return self._attr(inode)
 
     async def _truncate(self, inode: Inode, size: int, now: int) -> None:
         if inode.is_dir:
@@ -619,7 +624,7 @@ class Volume:
             name, ino = listing[index]
             inode = self.meta.inodes.get(ino)
             if inode is not None:
-                out.append(DirEntry(name, attr_of(inode), index + 1))
+                out.append(DirEntry(name, self._attr(inode), index + 1))
                 if limit is not None and len(out) >= limit:
                     break
         return out

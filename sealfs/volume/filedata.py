@@ -102,6 +102,13 @@ class FileData:
             fb = self.files[ino] = FileBuffers(SparseBuffer(self.pool))
         return fb
 
+    def buffered_in(self, ino: int) -> int:
+        """Bytes of ino held in memory, dirty or being flushed (the two may overlap)."""
+        fb = self.files.get(ino)
+        if fb is None:
+            return 0
+        return fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing is not None else 0)
+
     def dirty_inodes(self) -> list[int]:
         return list(self._dirty)
 

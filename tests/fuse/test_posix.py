@@ -304,6 +304,28 @@ def test_sparse_file_beyond_4_gib(mounted_env: VolumeEnv) -> None:
     check()
 
 
+def test_sparse_files_look_sparse_to_du_and_cp(mounted_env: VolumeEnv, tmp_path: Path) -> None:
+    """st_blocks counts data, not holes: du reports it and cp keeps the holes on copying out."""
+    path = mounted_env.mnt / "sparse"
+    with open(path, "wb") as f:
+        f.write(b"head" * 1024)
+        f.seek(GiB)
+        f.write(b"tail")
+    assert path.stat().st_blocks == 9  # 4 KiB + 4 bytes, in 512-byte units
+    du = subprocess.run(["du", "-k", str(path)], capture_output=True, text=True, check=True)
+    assert int(du.stdout.split()[0]) < 64
+    remount(mounted_env)
+    assert path.stat().st_blocks == 9
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "--sparse=auto", str(path), str(copy)], check=True, timeout=120)
+    assert copy.stat().st_size == GiB + 4
+    assert copy.stat().st_blocks * 512 < 16 * MiB  # the holes stayed holes
+    with open(copy, "rb") as f:
+        assert f.read(8) == b"headhead"
+        f.seek(GiB)
+        assert f.read() == b"tail"
+
+
 def test_truncate_to_a_logical_size_above_4_gib(mounted_env: VolumeEnv) -> None:
     path = mounted_env.mnt / "huge"
     path.write_bytes(b"abc")

@@ -47,7 +47,9 @@ def check_invariants(emap: ExtentMap) -> None:
     for before, after in pairwise(extents):
         assert before.end <= after.start
     assert len(emap) == len(extents)
-    assert ExtentMap.from_wire(emap.to_wire()).to_wire() == emap.to_wire()
+    decoded = ExtentMap.from_wire(emap.to_wire())
+    assert decoded.mapped_bytes() == emap.mapped_bytes()
+    assert decoded.to_wire() == emap.to_wire()
 
 
 def flat_of(emap: ExtentMap) -> Flat:
@@ -76,6 +78,7 @@ def test_extent_map_matches_a_flat_reference(
                     ref[e.start + k] = (e.chunk, e.chunk_offset + k)
         check_invariants(emap)
         assert flat_of(emap) == ref
+        assert emap.mapped_bytes() == SIZE - ref.count(None)  # kept up to date, not recounted
 
     lo, hi = min(a, b), max(a, b)
     pieces = emap.pieces(lo, hi)

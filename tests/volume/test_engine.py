@@ -434,6 +434,34 @@ async def test_setattr_times_before_1970_and_past_the_format_range(
         assert (inode.atime_ns, inode.mtime_ns) == (ops.TIME_MIN_NS, before_1970)
 
 
+async def test_blocks_count_the_bytes_outside_holes(volume_store: ObjectStore) -> None:
+    """st_blocks follows the data, buffered or stored, so du and cp see sparse files."""
+    far = 1 << 30
+    async with session(volume_store) as v:
+        sparse = await mkfile(v, ROOT_INO, b"sparse")
+        await write_at(v, sparse, far, b"x" * 5000)
+        assert v.files.buffered_in(sparse) == 5000
+        assert (await v.getattr(sparse)).blocks == 10  # 5000 bytes in 512-byte units
+        await v.fsync()
+        assert v.files.buffered_in(sparse) == 0
+        assert (await v.getattr(sparse)).blocks == 10
+        full = await mkfile(v, ROOT_INO, b"full", b"y" * 100_000)
+        await v.fsync()
+        await write_at(v, full, 0, b"z" * 100_000)  # buffered over stored: counted once
+        assert (await v.getattr(full)).blocks == 196
+        hole = await mkfile(v, ROOT_INO, b"hole")
+        await v.setattr(hole, size=far)
+        assert (await v.getattr(hole)).blocks == 1  # never 0 once not empty (GNU tar)
+        await v.setattr(hole, size=0)
+        assert (await v.getattr(hole)).blocks == 0
+    async with session(volume_store) as v:  # from the log, and from a snapshot
+        assert (await v.getattr(await ino_of(v, "sparse"))).blocks == 10
+        await v.commits.snapshot()
+    async with session(volume_store) as v:
+        attrs = {e.name: e.attr.blocks for e in await v.readdir(await v.opendir(ROOT_INO), 0)}
+        assert (attrs[b"sparse"], attrs[b"full"], attrs[b"hole"]) == (10, 196, 0)
+
+
 async def test_open_with_o_trunc_and_append(volume_store: ObjectStore) -> None:
     async with session(volume_store) as v:
         f = await mkfile(v, ROOT_INO, b"f", b"abcdef")
