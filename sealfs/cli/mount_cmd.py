@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
@@ -88,6 +89,7 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
+    limit_malloc_arenas()  # before the volume's load starts threads
     with collector_paused():
         loaded = unlock_store(args)
         if not options.read_only:
