@@ -105,7 +105,16 @@ class SparseBuffer:
 
     def ranges(self) -> list[tuple[int, memoryview]]:
         """(start, bytes) of each range; views, valid until the buffer changes or is released."""
-        return [(start, r.view()) for start, r in zip(self._starts, self._ranges, strict=True)]
+        return self.ranges_in(0, self.end())
+
+    def ranges_in(self, start: int, end: int) -> list[tuple[int, memoryview]]:
+        """ranges(), of the ranges that begin inside [start, end) only.
+
+        A flush asks once per region, and a file written at random holds
+        thousands of ranges: listing them all each time made flushes quadratic.
+        """
+        i, j = bisect_left(self._starts, start), bisect_left(self._starts, end)
+        return [(at, r.view()) for at, r in zip(self._starts[i:j], self._ranges[i:j], strict=True)]
 
     def end(self) -> int:
         return self._starts[-1] + self._ranges[-1].n if self._starts else 0

@@ -444,9 +444,7 @@ class FileData:
         """The region's bytes in order, new data and old between, in contiguous segments
         (a whole buffered range is one: it is cut in place, not copied)."""
         pos = region.start
-        for start, buf in data.ranges():
-            if not region.start <= start < region.end:
-                continue
+        for start, buf in data.ranges_in(region.start, region.end):
             if start > pos:
                 async for old in self._old_bytes(extents, pos, start):
                     yield old

@@ -54,6 +54,16 @@ def test_buffer_matches_a_flat_reference(ops: list[tuple[int, bytes, bool]], cut
     assert covered == ref.known
 
 
+@given(writes, st.integers(0, 400), st.integers(0, 400))
+def test_ranges_in_lists_the_ranges_that_begin_inside(
+    ops: list[tuple[int, bytes, bool]], lo: int, hi: int
+) -> None:
+    buf = SparseBuffer()
+    write_both(buf, ops)
+    listed = [(start, bytes(data)) for start, data in buf.ranges_in(lo, hi)]
+    assert listed == [(start, bytes(data)) for start, data in buf.ranges() if lo <= start < hi]
+
+
 def test_sequential_appends_stay_one_range() -> None:
     buf = SparseBuffer()
     for k in range(100):
