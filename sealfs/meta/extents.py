@@ -59,7 +59,7 @@ class ExtentMap:
         if type(rows) is not list:
             raise FormatError("malformed extent list")
         emap = cls.__new__(cls)  # no __init__: this runs once per file at mount
-        emap._extents, emap._starts, emap._mapped, emap._wire = [], [], 0, rows
+        emap._extents, emap._starts, emap._mapped, emap._wire = [], [], -1, rows
         return emap
 
     def _parsed(self) -> list[Extent]:
@@ -77,8 +77,19 @@ class ExtentMap:
         return iter(self._parsed())
 
     def mapped_bytes(self) -> int:
-        """How many bytes of the file extents hold: its size less its holes."""
-        self._parsed()
+        """How many bytes of the file extents hold: its size less its holes.
+
+        Asked by every stat of the file, so a map still in wire form is summed
+        from its rows (once) rather than parsed: parsing builds an object per
+        extent, and a listing would parse every file of the directory. A
+        malformed row counts for nothing here; reading the file reports it.
+        """
+        if self._wire is not None and self._mapped < 0:
+            self._mapped = sum(
+                row[1]
+                for row in self._wire
+                if type(row) is list and len(row) == 4 and type(row[1]) is int and row[1] > 0
+            )
         return self._mapped
 
     def __len__(self) -> int:

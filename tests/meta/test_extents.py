@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sealfs.errors import FormatError
 from sealfs.meta.extents import Extent, ExtentMap
 
 SIZE = 120
@@ -119,3 +121,12 @@ def test_truncate_clips_the_last_extent() -> None:
     assert list(emap) == [Extent(0, 5, CHUNKS[0], 0)]
     emap.truncate(0)
     assert list(emap) == []
+
+
+def test_mapped_bytes_of_a_map_in_wire_form_need_no_parse() -> None:
+    """stat asks for them: a damaged row must fail the read of the file, not its stat."""
+    rows = [[0, 10, CHUNKS[0], 0], [20, 5, CHUNKS[1], 3], ["damaged"]]
+    emap = ExtentMap.from_wire(rows)
+    assert emap.mapped_bytes() == 15
+    with pytest.raises(FormatError):
+        list(emap)
