@@ -14,7 +14,8 @@ import os
 
 ARENA_MAX = 2
 _M_ARENA_MAX = -8  # mallopt's parameter number in glibc's malloc.h
-_ENV = "MALLOC_ARENA_MAX"  # glibc reads it at start-up; an operator's choice wins
+# glibc reads these at start-up; an operator's choice wins.
+_ENV, _TUNABLES, _TUNABLE = "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "glibc.malloc.arena_max"
 
 
 def limit_malloc_arenas() -> bool:
@@ -22,9 +23,9 @@ def limit_malloc_arenas() -> bool:
 
     Call it before the process starts threads: arenas made before it remain.
     Does nothing where the C library has no mallopt (musl) or the operator
-    set MALLOC_ARENA_MAX.
+    set MALLOC_ARENA_MAX or the glibc.malloc.arena_max tunable.
     """
-    if _ENV in os.environ:
+    if _ENV in os.environ or _TUNABLE in os.environ.get(_TUNABLES, ""):
         return False
     try:
         libc = ctypes.CDLL(None)  # the C library the interpreter runs on

@@ -67,3 +67,10 @@ def test_without_the_cap_threads_get_arenas_of_their_own() -> None:
     capped, count = arenas({**os.environ, "MALLOC_ARENA_MAX": "64"})
     assert capped == "False"  # the operator's setting wins
     assert count > ARENA_MAX + 2
+
+
+def test_an_operators_tunable_wins_too() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    capped, count = arenas({**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=5"})
+    assert capped == "False"
+    assert count == 5
