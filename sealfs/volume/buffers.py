@@ -105,7 +105,7 @@ class SparseBuffer:
 
     def ranges(self) -> list[tuple[int, memoryview]]:
         """(start, bytes) of each range; views, valid until the buffer changes or is released."""
-        return self.ranges_in(0, self.end())
+        return [(start, r.view()) for start, r in zip(self._starts, self._ranges, strict=True)]
 
     def ranges_in(self, start: int, end: int) -> list[tuple[int, memoryview]]:
         """ranges(), of the ranges that begin inside [start, end) only.
