@@ -148,11 +148,11 @@ class FileData:
 
     def forget(self, ino: int) -> None:
         """The inode is gone: drop its buffers without flushing them."""
+        self.buffered_bytes -= self.buffered_in(ino)
         fb = self.files.pop(ino, None)
         self._dirty.pop(ino, None)
         self.forced.pop(ino, None)
         if fb is not None:
-            self.buffered_bytes -= fb.dirty.nbytes + (fb.flushing.nbytes if fb.flushing else 0)
             fb.dirty.release()  # a flushing layer is released when its flush ends
             self._drop_idle_blocks()
             self.wake_space_waiters()
