@@ -230,7 +230,8 @@ _SHAPES: dict[int, tuple[type, ...]] = {
     CHUNK: (_B, _N, _N),
     WRITER: (str, _N, _B, _N, bool),
 }
-_TIME_FIELDS = (6, 7, 8)  # atime, mtime and ctime among the inode fields
+# Positions of atime, mtime and ctime among the inode fields.
+_TIME_FIELDS = tuple(k for k, kind in enumerate(_SHAPES[PUT_INODE]) if kind is _Time)
 
 # Inode fields that the kernel and the stat module hold in 32 bits: mode, uid, gid.
 _U32_FIELDS = (1, 2, 3)
