@@ -278,7 +278,7 @@ class FileData:
             return None
         start, buf = ranges[0]
         assert job.inode.extents is not None
-        regions = _regions(job.data, job.inode.extents, self.forced.get(job.inode.ino))
+        regions = _regions(job.data, job.inode.extents, self.forced.get(job.inode.ino), job.size)
         if regions != [Region(start, start + len(buf))]:
             return None
         return start, bytes(buf)
@@ -318,7 +318,7 @@ class FileData:
         inode = job.inode
         assert inode.extents is not None
         try:
-            regions = _regions(job.data, inode.extents, self.forced.get(inode.ino))
+            regions = _regions(job.data, inode.extents, self.forced.get(inode.ino), job.size)
             sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
         except (IntegrityError, FormatError, ObjectNotFoundError) as exc:
             # Only the old bytes read for merging or resuming can be damaged; those are an
@@ -326,7 +326,7 @@ class FileData:
             # every later commit) from becoming durable: seal the written ranges alone.
             log.warning("sealing written bytes of inode %d unmerged: %s", inode.ino, exc)
             self.forced.pop(inode.ino, None)
-            regions = _regions(job.data, inode.extents, None, merge=False)
+            regions = _regions(job.data, inode.extents, None, job.size, merge=False)
             sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
         fresh, data_ops, tail, forced = sealed
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
@@ -564,17 +564,34 @@ def _spans(
 
 
 def _regions(
-    data: SparseBuffer, extents: ExtentMap, forced: Extent | None, *, merge: bool = True
+    data: SparseBuffer,
+    extents: ExtentMap,
+    forced: Extent | None,
+    size: int,
+    *,
+    merge: bool = True,
 ) -> list[Region]:
     """Written ranges widened over a forced cut they continue and over small neighbouring
-    pieces (unless merge is off), then merged where they touch."""
+    pieces (unless merge is off), then merged where they touch.
+
+    A range that reaches the end of the file (size) takes in a small piece on its left
+    only if it brings at least as many bytes as that piece holds, the rule for resuming a
+    forced cut. Else an appender that commits a little at a time (a log fsynced line by
+    line) re-sealed its whole small tail, up to MIN_CHUNK, at every commit: 1.5 MB of
+    1 KB lines cost 124 MB of chunks. Now each small piece at the end of a file is longer
+    than all the pieces after it together, so there are about log2(MIN_CHUNK / bytes per
+    commit) of them, and a byte is re-sealed about that many times.
+    """
     spans: list[list[int]] = []
     for start, buf in data.ranges():
         lo, hi = start, start + len(buf)
         if merge:
             lo = _resume_point(lo, hi, extents, forced)
+            appending = hi >= size
             # Absorb every small piece in a row, not just the nearest: else fragments pile up.
             while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
+                if appending and lo - left.start > hi - lo:
+                    break
                 lo = left.start
             while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
                 hi = right.end

@@ -220,7 +220,8 @@ async def test_flush_failing_to_read_an_old_chunk_commits_the_new_bytes_unmerged
     async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
         old = v.inode(f).extents
         assert old is not None
-        await write_at(v, f, 100, b"y" * 10)  # merges with the small old extent: reads it
+        # As many bytes as the small old extent holds: they merge with it, which reads it.
+        await write_at(v, f, 100, b"y" * 100)
         faulty.fail_next("get", "c/", "corrupt")
         await v.fsync()
         assert faulty.injected
@@ -228,7 +229,7 @@ async def test_flush_failing_to_read_an_old_chunk_commits_the_new_bytes_unmerged
         extents = v.inode(f).extents
         assert extents is not None and extents.covering(0) == old.covering(0)  # kept as it was
         assert f in load(faulty.inner).inodes
-        assert await read_all(v, f) == b"x" * 100 + b"y" * 10
+        assert await read_all(v, f) == b"x" * 100 + b"y" * 100
 
 
 async def test_every_waiter_of_a_failed_commit_sees_the_error(faulty: FaultyStore) -> None:

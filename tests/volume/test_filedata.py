@@ -618,6 +618,34 @@ async def test_a_small_append_does_not_reseal_a_forced_chunk(volume_store: Memor
         assert await read_all(v, attr.ino) == data + b"x" * 4096
 
 
+async def test_a_log_fsynced_line_by_line_reseals_each_byte_a_few_times(
+    volume_store: MemoryStore,
+) -> None:
+    """Regression: each commit of a slow appender re-sealed the file's whole small tail
+    (up to MIN_CHUNK) with the new line, some 128 KiB per 1 KiB line. An append now takes
+    in a small piece only if it brings as many bytes: the tail is a few pieces, each longer
+    than all after it together, and each byte is re-sealed about log2(MIN_CHUNK / line)
+    times."""
+    line, count = 1024, 600
+    data = stream(17, line * count)
+    async with session(volume_store, **STREAMING) as v:
+        fh, attr = await v.create(ROOT_INO, b"log", 0o644, RW, UID, GID)
+        uploaded = v.chunks.uploaded_bytes
+        for k in range(count):
+            await v.write(fh, k * line, data[k * line : (k + 1) * line])
+            await v.fsync()
+        assert v.chunks.uploaded_bytes - uploaded < 8 * len(data)
+        extents = v.inode(attr.ino).extents
+        assert extents is not None
+        small = [e.length for e in extents if e.length < MIN_CHUNK]
+        assert 0 < len(small) <= 10, small
+        assert all(n > sum(small[i + 1 :]) for i, n in enumerate(small)), small
+        await v.release(fh)
+        assert await read_all(v, attr.ino) == data
+    async with session(volume_store) as v:
+        assert await read_all(v, attr.ino) == data
+
+
 async def test_a_crash_after_a_resumed_flush_shows_the_committed_file(
     volume_store: MemoryStore,
 ) -> None:
@@ -689,10 +717,11 @@ async def test_a_damaged_forced_chunk_does_not_fail_the_commit_of_new_bytes(
 async def test_a_damaged_small_neighbour_does_not_block_commits(
     volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A write next to a fragment re-chunks the fragment with it. If that fragment is
-    damaged, every commit would fail for good (one failing file fails the whole commit):
-    the written bytes are sealed alone instead, and the damage stays where it was."""
-    head = stream(15, 100_000)
+    """A write next to a fragment re-chunks the fragment with it (an append, once it brings
+    as many bytes). If that fragment is damaged, every commit would fail for good (one
+    failing file fails the whole commit): the written bytes are sealed alone instead, and
+    the damage stays where it was."""
+    head, n = stream(15, 100_000), 120_000
     async with session(volume_store, chunk_cache_bytes=0, commit_interval=3600.0) as v:
         fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
         await v.write(fh, 0, head)
@@ -702,19 +731,19 @@ async def test_a_damaged_small_neighbour_does_not_block_commits(
         fragment = extents.covering(0)
         assert fragment is not None and fragment.length < MIN_CHUNK
         name = damage(volume_store, fragment.chunk)
-        tails = [stream(16 + k, 10_000) for k in range(3)]
+        tails = [stream(16 + k, n) for k in range(3)]
         for k, tail in enumerate(tails):
-            await v.write(fh, len(head) + 10_000 * k, tail)
+            await v.write(fh, len(head) + n * k, tail)
             await v.fsync()  # each one commits, none is stuck behind the damage
         assert any(name in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
-        assert await v.read(fh, len(head), 30_000) == b"".join(tails)
+        assert await v.read(fh, len(head), 3 * n) == b"".join(tails)
         with pytest.raises(IntegrityError):
             await v.read(fh, 0, 10)
         await v.release(fh)
     async with session(volume_store) as v:
-        assert v.inode(attr.ino).size == len(head) + 30_000
+        assert v.inode(attr.ino).size == len(head) + 3 * n
         fh = await v.open(attr.ino, RW)
-        assert await v.read(fh, len(head), 30_000) == b"".join(tails)
+        assert await v.read(fh, len(head), 3 * n) == b"".join(tails)
         await v.release(fh)
 
 
