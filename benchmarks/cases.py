@@ -7,10 +7,14 @@ in a finally block.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
+import json
 import os
+import random
 import shutil
+import sqlite3
 import subprocess
 import sysconfig
 import time
@@ -57,11 +61,15 @@ class Sizes:
     mount_files_per_dir: int = 1000
     mount_repeats: int = 3
     rss: int = 4 * GiB
+    log_lines: int = 2000
+    db_rows: int = 200_000
+    db_transactions: int = 1000
 
 
 QUICK = Sizes(
     seq=64 * MiB, seq_repeats=1, fsync_count=20, tree_files=1500, tree_bytes=20 * MB,
     dedup=16 * MiB, mount_dirs=10, mount_files_per_dir=100, mount_repeats=2, rss=512 * MiB,
+    log_lines=200, db_rows=20_000, db_transactions=100,
 )  # fmt: skip
 
 
@@ -502,6 +510,116 @@ def bench_rss(ctx: Context) -> list[Figure]:
     return [peak, speed]
 
 
+# -- 7. small overwrites and appends: what the store keeps per byte written --------------
+
+
+def bench_append(ctx: Context) -> list[Figure]:
+    """An agent's log fsynced line by line, and a SQLite database updated in small
+    transactions: latency, and the bytes each store grows by per byte written. sealfs
+    seals whole chunks and collects nothing yet, so both show its write amplification."""
+    lines = _log_lines(ctx.seed, ctx.sizes.log_lines)
+    appended = sum(len(line) for line in lines)
+    n, rows = ctx.sizes.db_transactions, ctx.sizes.db_rows
+    log_p50 = Figure("append", f"log: append+fsync of a {appended // len(lines)} B line, p50", "ms",
+                     better=LOWER, note=f"{len(lines)} lines")  # fmt: skip
+    log_growth = Figure("append", "log: store growth per byte appended", "x", better=LOWER)
+    db_rate = Figure("append", "SQLite WAL: transactions of 5 updates", "tx/s", better=HIGHER,
+                     note=f"{n} on {rows:,} rows")  # fmt: skip
+    db_growth = Figure("append", "SQLite WAL: store growth per byte SQLite wrote", "x",
+                       better=LOWER)  # fmt: skip
+    for name in ctx.targets:
+        with ctx.target(name, "append") as t:
+            before = _committed_bytes(t)
+            with ctx.profiled(t, "log"):
+                lat = _append_lines(t.path / "agent.log", lines)
+            log_p50.values[name] = percentile([s * 1000 for s in lat], 50)
+            log_growth.values[name] = (_committed_bytes(t) - before) / appended
+            db = t.path / "state.db"
+            _fill_database(db, rows, ctx.seed)
+            before = _committed_bytes(t)
+            with ctx.profiled(t, "sqlite"):
+                secs, written = _update_database(db, rows, n, ctx.seed)
+            db_rate.values[name] = n / secs
+            db_growth.values[name] = (_committed_bytes(t) - before) / written
+            log(f"append: {name} log p50 {log_p50.values[name]:.2f} ms, grew "
+                f"{log_growth.values[name]:.1f}x; SQLite {db_rate.values[name]:.0f} tx/s, grew "
+                f"{db_growth.values[name]:.2f}x")  # fmt: skip
+    return [log_p50, log_growth, db_rate, db_growth]
+
+
+def _log_lines(seed: int, count: int) -> list[bytes]:
+    """JSON lines of about 750 bytes, as an agent logs tool calls."""
+    rng = random.Random(seed)
+    return [
+        (
+            json.dumps({"step": k, "tool": "search", "output": rng.randbytes(350).hex()}) + "\n"
+        ).encode()
+        for k in range(count)
+    ]
+
+
+def _committed_bytes(t: Target) -> int:
+    """What the target's store holds once everything written is committed (a FUSE
+    remount commits sealfs; the others write through)."""
+    if isinstance(t, SealfsTarget):
+        t.umount()
+        t.mount()
+    store = t.store_dir()
+    assert store is not None
+    return tree_bytes(store)
+
+
+def _append_lines(path: Path, lines: list[bytes]) -> list[float]:
+    """Append each line with O_APPEND and fsync it; seconds per line."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lat = []
+    try:
+        for line in lines:
+            t0 = time.perf_counter()
+            os.write(fd, line)
+            os.fsync(fd)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    return lat
+
+
+def _fill_database(path: Path, rows: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("pragma journal_mode=wal")
+        db.execute("create table state (id integer primary key, value blob)")
+        with db:
+            db.executemany("insert into state values (?, ?)",
+                           ((k, rng.randbytes(200)) for k in range(rows)))  # fmt: skip
+        db.execute("pragma wal_checkpoint(truncate)")
+
+
+def _update_database(path: Path, rows: int, count: int, seed: int) -> tuple[float, int]:
+    """count transactions of five random row updates (WAL mode, default checkpoints),
+    then a final checkpoint; (seconds, bytes SQLite wrote)."""
+    rng = random.Random(seed + 1)
+    written = _bytes_written()
+    t0 = time.perf_counter()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        for _ in range(count):
+            with db:
+                for _ in range(5):
+                    db.execute("update state set value = ? where id = ?",
+                               (rng.randbytes(200), rng.randrange(rows)))  # fmt: skip
+        db.execute("pragma wal_checkpoint(truncate)")
+    return time.perf_counter() - t0, _bytes_written() - written
+
+
+def _bytes_written() -> int:
+    """Bytes this process has passed to write(2) and friends so far."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no wchar line")
+
+
 BENCHMARKS: dict[str, Callable[[Context], list[Figure]]] = {
     "seq": bench_seq,
     "fsync": bench_fsync,
@@ -509,4 +627,5 @@ BENCHMARKS: dict[str, Callable[[Context], list[Figure]]] = {
     "dedup": bench_dedup,
     "mount": bench_mount,
     "rss": bench_rss,
+    "append": bench_append,
 }
