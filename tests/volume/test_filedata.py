@@ -13,12 +13,13 @@ import trio.testing
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import IntegrityError
+from sealfs.meta.extents import Extent
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
-from sealfs.volume.filedata import WINDOW, _Windows
+from sealfs.volume.filedata import FRAGMENT, WINDOW, _Windows
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -359,12 +360,42 @@ async def test_small_writes_merge_small_extents(volume_store: ObjectStore) -> No
                 await v.fsync()
                 counts.append(len(v.inode(f).extents or []))
         await v.release(fh)
-        # Every extent is either at least MIN_CHUNK long or lies between two such ones.
-        bound = 2 * (size // MIN_CHUNK) + 2
+        # Every extent is either at least FRAGMENT long or lies between two such ones.
+        bound = 2 * (size // FRAGMENT) + 2
         assert max(counts) <= bound, max(counts)
         assert await read_all(v, f) == ref
     async with session(volume_store) as v:
         assert await read_all(v, f) == ref
+
+
+async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: a 4 KiB write into a chunk re-sealed each remainder of that chunk
+    shorter than MIN_CHUNK, up to 256 KiB on each side (a SQLite database grew the store
+    by 9x what it wrote). A remainder is now taken in only if it is below FRAGMENT or no
+    longer than what the flush brings."""
+    data = stream(18, 4 * MiB)
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"db", data)
+        await v.fsync()
+        extents = v.inode(f).extents
+        assert extents is not None
+        big = max(extents, key=lambda e: e.length)
+        assert big.length >= MIN_CHUNK
+        at = big.start + FRAGMENT + 4096  # remainders: FRAGMENT + 4 KiB on the left,
+        assert big.end - at - 4096 > FRAGMENT  # more than FRAGMENT on the right
+        uploaded = v.chunks.uploaded_bytes
+        fh = await v.open(f, RW)
+        await v.write(fh, at, b"p" * 4096)
+        await v.release(fh)
+        await v.fsync()
+        assert v.chunks.uploaded_bytes - uploaded < FRAGMENT
+        assert extents.covering(big.start) == Extent(big.start, at - big.start, big.chunk, 0)
+        expect = data[:at] + b"p" * 4096 + data[at + 4096 :]
+        assert await read_all(v, f) == expect
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == expect
 
 
 async def test_buffered_bytes_return_to_zero(volume_store: ObjectStore) -> None:
