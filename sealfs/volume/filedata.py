@@ -3,8 +3,10 @@
 A regular file's bytes come from three layers, newest on top: its dirty
 buffer (written, not yet flushed), its flushing buffer (detached by a flush
 that is sealing it right now), and its extent map (sealed chunks). A flush
-re-chunks only the written ranges plus any small neighbouring pieces, so a
-small write never rewrites a large chunk and fragments are merged back.
+re-chunks only the written ranges plus those small neighbouring pieces that
+are tiny or no longer than what it brings (see _regions), so a small write
+never rewrites a large chunk and fragments are merged back without
+re-sealing the same bytes at every commit.
 
 A flush that must seal a file up to its end (a commit) cuts its last chunk
 where the data happens to end, not where the content says. The file
@@ -591,7 +593,7 @@ def _regions(
         if merge:
             lo = _resume_point(lo, hi, extents, forced)
             floor = 0 if hi >= size else FRAGMENT
-            # Absorb every small piece in a row, not just the nearest: else fragments pile up.
+            # Absorb such pieces in a row, not just the nearest: else fragments pile up.
             while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
                 if lo - left.start > max(hi - lo, floor):
                     break
