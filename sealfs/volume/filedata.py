@@ -46,7 +46,7 @@ WINDOW = 16 << 20  # bytes cut per CDC pass while streaming a flush
 # 32 MiB (the whole chunk cache) evicted chunks before they were read (330 MB/s).
 READAHEAD = 12 << 20
 MAX_JOBS = 6  # chunks being sealed or uploaded at once per flush
-FRAGMENT = MIN_CHUNK // 4  # pieces inside a file shorter than this merge with any write
+FRAGMENT = MIN_CHUNK // 4  # a piece this short merges with any write before it or after it
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
@@ -368,19 +368,18 @@ class FileData:
 
     def _set_forced(self, job: Detached, forced: Extent | None) -> None:
         """Remember the file's forced cut, once its flush is recorded. A forced chunk that
-        the flush superseded leaves the LRU: no extent of the file reads it any more, and
-        a long streaming write would otherwise fill the read cache, one per commit."""
+        the flush superseded leaves the LRU once no extent of the file reads it any more
+        (a write that ended the file inside it leaves a remainder that does): a long
+        streaming write would otherwise fill the read cache, one per commit."""
         ino = job.inode.ino
         old = self.forced.pop(ino, None)
         if forced is not None and self.files.get(ino) is job.buffers:  # not deleted meanwhile
             self.forced[ino] = forced
         extents = job.inode.extents
-        if (
-            old is not None
-            and old != forced
-            and extents is not None
-            and extents.covering(old.start) != old
-        ):
+        if old is None or old == forced or extents is None:
+            return
+        ends = (extents.covering(old.start), extents.covering(old.end - 1))
+        if all(e is None or e.chunk != old.chunk for e in ends):
             self._chunks.cache.discard(old.chunk)
 
     async def _seal_region(
@@ -577,15 +576,16 @@ def _regions(
     """Written ranges widened over a forced cut they continue and over small neighbouring
     pieces (unless merge is off), then merged where they touch.
 
-    A small piece (below MIN_CHUNK) is taken in only if it is no longer than what the
-    region holds so far, the rule for resuming a forced cut, or, inside the file, below
-    FRAGMENT. Taking in every small piece re-sealed up to 256 KiB on each side of a 4 KiB
-    write (a SQLite database grew the store by 9x what it wrote), and made a log fsynced
-    line by line re-seal its whole small tail at every commit (1.5 MB of lines, 124 MB of
-    chunks). Now the pieces at the end of a file work as a binary counter, each longer than
-    all after it together: about log2(MIN_CHUNK / bytes per commit) of them, and each byte
-    is re-sealed about as many times. Inside a file a write takes in every neighbour
-    below FRAGMENT, so scattered writes leave no run of pieces shorter than that.
+    A small piece (below MIN_CHUNK) is taken in only if it is at most twice as long as the
+    region so far or, for a range that ends before the end of the file, at most FRAGMENT.
+    Taking in every small piece re-sealed up to 256 KiB on each side of a 4 KiB write (a
+    SQLite database grew the store by 9x what it wrote), and made a log fsynced line by
+    line re-seal its whole small tail at every commit (1.5 MB of lines, 124 MB of chunks).
+    Now each small piece at the end of a file is more than twice as long as the next, so
+    there are at most about log2(MIN_CHUNK / bytes per commit) of them whatever the commits,
+    and a byte is re-sealed at most about that many times. Writes inside a file take in
+    every neighbour of at most FRAGMENT, so such fragments do not pile up (several writes
+    of one flush that lie close together can still leave short pieces between them).
     """
     spans: list[list[int]] = []
     for start, buf in data.ranges():
@@ -595,11 +595,11 @@ def _regions(
             floor = 0 if hi >= size else FRAGMENT
             # Absorb such pieces in a row, not just the nearest: else fragments pile up.
             while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
-                if lo - left.start > max(hi - lo, floor):
+                if lo - left.start > max(2 * (hi - lo), floor):
                     break
                 lo = left.start
             while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
-                if right.end - hi > max(hi - lo, floor):
+                if right.end - hi > max(2 * (hi - lo), floor):
                     break
                 hi = right.end
         if spans and lo <= spans[-1][1]:
@@ -615,7 +615,8 @@ def _resume_point(lo: int, hi: int, extents: ExtentMap, forced: Extent | None) -
 
     Only when the range brings at least as many new bytes as the forced chunk holds: a
     slow appender would otherwise re-seal up to MAX_CHUNK at every commit; this way
-    resuming at most doubles what a flush seals. The extent must still be in the map as
+    resuming itself at most doubles what a flush seals (small pieces before the forced
+    cut may then join too, under _regions' rule). The extent must still be in the map as
     it was sealed (a truncation or an overwrite since then changes it)."""
     if (
         forced is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -398,6 +399,36 @@ async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
         assert await read_all(v, f) == expect
 
 
+async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
+    volume_store: ObjectStore,
+) -> None:
+    """The other half of the rule: a remainder longer than FRAGMENT (and below MIN_CHUNK)
+    is re-sealed with a write at least half as long, so no short piece is left beside it."""
+    data = stream(19, 4 * MiB)
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"db", data)
+        await v.fsync()
+        extents = v.inode(f).extents
+        assert extents is not None
+        big = max(extents, key=lambda e: e.length)
+        left, n = FRAGMENT + 8192, (FRAGMENT + 8192) // 2
+        at = big.start + left
+        assert big.end - at - n > 2 * FRAGMENT  # the right remainder stays
+        uploaded, piece = v.chunks.uploaded_bytes, stream(20, n)
+        fh = await v.open(f, RW)
+        await v.write(fh, at, piece)
+        await v.release(fh)
+        await v.fsync()
+        assert v.chunks.uploaded_bytes - uploaded >= left + n
+        first = extents.covering(big.start)
+        assert first is not None and first.chunk != big.chunk and first.end >= at + n
+        assert extents.covering(at + n) == Extent(at + n, big.end - at - n, big.chunk, left + n)
+        expect = data[:at] + piece + data[at + n :]
+        assert await read_all(v, f) == expect
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == expect
+
+
 async def test_buffered_bytes_return_to_zero(volume_store: ObjectStore) -> None:
     async with session(volume_store, **SMALL) as v:
         for k in range(3):
@@ -654,9 +685,9 @@ async def test_a_log_fsynced_line_by_line_reseals_each_byte_a_few_times(
 ) -> None:
     """Regression: each commit of a slow appender re-sealed the file's whole small tail
     (up to MIN_CHUNK) with the new line, some 128 KiB per 1 KiB line. An append now takes
-    in a small piece only if it brings as many bytes: the tail is a few pieces, each longer
-    than all after it together, and each byte is re-sealed about log2(MIN_CHUNK / line)
-    times."""
+    in a small piece only if it is at most twice as long as the region: the tail is a few
+    pieces, each more than twice as long as the next, and a byte is re-sealed at most
+    about log2(MIN_CHUNK / line) times."""
     line, count = 1024, 600
     data = stream(17, line * count)
     async with session(volume_store, **STREAMING) as v:
@@ -670,7 +701,7 @@ async def test_a_log_fsynced_line_by_line_reseals_each_byte_a_few_times(
         assert extents is not None
         small = [e.length for e in extents if e.length < MIN_CHUNK]
         assert 0 < len(small) <= 10, small
-        assert all(n > sum(small[i + 1 :]) for i, n in enumerate(small)), small
+        assert all(a > 2 * b for a, b in pairwise(small)), small
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
     async with session(volume_store) as v:
