@@ -779,8 +779,8 @@ async def test_a_damaged_forced_chunk_does_not_fail_the_commit_of_new_bytes(
 async def test_a_damaged_small_neighbour_does_not_block_commits(
     volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A write next to a fragment re-chunks the fragment with it (an append, once it brings
-    as many bytes). If that fragment is damaged, every commit would fail for good (one
+    """A write next to a fragment re-chunks the fragment with it (an append, once it is at
+    least half as long). If that fragment is damaged, every commit would fail for good (one
     failing file fails the whole commit): the written bytes are sealed alone instead, and
     the damage stays where it was."""
     head, n = stream(15, 100_000), 120_000
