@@ -369,31 +369,42 @@ async def test_small_writes_merge_small_extents(volume_store: ObjectStore) -> No
         assert await read_all(v, f) == ref
 
 
+async def overwrite_largest_extent(
+    v: Volume, data: bytes, into: int, piece: bytes
+) -> tuple[int, Extent, int]:
+    """Commit data as a new file, then piece written `into` bytes inside its largest extent.
+    Returns the inode, that extent as it was, and the bytes the second commit uploaded."""
+    f = await mkfile(v, ROOT_INO, b"f", data)
+    await v.fsync()
+    extents = v.inode(f).extents
+    assert extents is not None
+    big = max(extents, key=lambda e: e.length)
+    assert big.length >= MIN_CHUNK
+    uploaded = v.chunks.uploaded_bytes
+    fh = await v.open(f, RW)
+    await v.write(fh, big.start + into, piece)
+    await v.release(fh)
+    await v.fsync()
+    return f, big, v.chunks.uploaded_bytes - uploaded
+
+
 async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
     volume_store: ObjectStore,
 ) -> None:
     """Regression: a 4 KiB write into a chunk re-sealed each remainder of that chunk
     shorter than MIN_CHUNK, up to 256 KiB on each side (a SQLite database grew the store
-    by 9x what it wrote). A remainder is now taken in only if it is below FRAGMENT or no
-    longer than what the flush brings."""
-    data = stream(18, 4 * MiB)
+    by 9x what it wrote). A remainder is now taken in only if it is at most FRAGMENT or
+    at most twice as long as the region."""
+    data, piece, left = stream(18, 4 * MiB), b"p" * 4096, FRAGMENT + 4096
     async with session(volume_store, commit_interval=3600.0) as v:
-        f = await mkfile(v, ROOT_INO, b"db", data)
-        await v.fsync()
+        f, big, uploaded = await overwrite_largest_extent(v, data, left, piece)
+        assert big.length - left - len(piece) > FRAGMENT  # the right remainder stays too
+        assert uploaded < FRAGMENT
         extents = v.inode(f).extents
         assert extents is not None
-        big = max(extents, key=lambda e: e.length)
-        assert big.length >= MIN_CHUNK
-        at = big.start + FRAGMENT + 4096  # remainders: FRAGMENT + 4 KiB on the left,
-        assert big.end - at - 4096 > FRAGMENT  # more than FRAGMENT on the right
-        uploaded = v.chunks.uploaded_bytes
-        fh = await v.open(f, RW)
-        await v.write(fh, at, b"p" * 4096)
-        await v.release(fh)
-        await v.fsync()
-        assert v.chunks.uploaded_bytes - uploaded < FRAGMENT
-        assert extents.covering(big.start) == Extent(big.start, at - big.start, big.chunk, 0)
-        expect = data[:at] + b"p" * 4096 + data[at + 4096 :]
+        assert extents.covering(big.start) == Extent(big.start, left, big.chunk, 0)
+        at = big.start + left
+        expect = data[:at] + piece + data[at + len(piece) :]
         assert await read_all(v, f) == expect
     async with session(volume_store) as v:
         assert await read_all(v, f) == expect
@@ -404,26 +415,21 @@ async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
 ) -> None:
     """The other half of the rule: a remainder longer than FRAGMENT (and below MIN_CHUNK)
     is re-sealed with a write at least half as long, so no short piece is left beside it."""
-    data = stream(19, 4 * MiB)
+    left = FRAGMENT + 8192
+    data, piece = stream(19, 4 * MiB), stream(20, left // 2)
     async with session(volume_store, commit_interval=3600.0) as v:
-        f = await mkfile(v, ROOT_INO, b"db", data)
-        await v.fsync()
+        f, big, uploaded = await overwrite_largest_extent(v, data, left, piece)
+        end = left + len(piece)
+        assert big.length - end > 2 * FRAGMENT  # the right remainder stays
+        assert uploaded >= end
         extents = v.inode(f).extents
         assert extents is not None
-        big = max(extents, key=lambda e: e.length)
-        left, n = FRAGMENT + 8192, (FRAGMENT + 8192) // 2
-        at = big.start + left
-        assert big.end - at - n > 2 * FRAGMENT  # the right remainder stays
-        uploaded, piece = v.chunks.uploaded_bytes, stream(20, n)
-        fh = await v.open(f, RW)
-        await v.write(fh, at, piece)
-        await v.release(fh)
-        await v.fsync()
-        assert v.chunks.uploaded_bytes - uploaded >= left + n
         first = extents.covering(big.start)
-        assert first is not None and first.chunk != big.chunk and first.end >= at + n
-        assert extents.covering(at + n) == Extent(at + n, big.end - at - n, big.chunk, left + n)
-        expect = data[:at] + piece + data[at + n :]
+        assert first is not None and first.chunk != big.chunk and first.end >= big.start + end
+        rest = Extent(big.start + end, big.length - end, big.chunk, end)
+        assert extents.covering(big.start + end) == rest
+        at = big.start + left
+        expect = data[:at] + piece + data[at + len(piece) :]
         assert await read_all(v, f) == expect
     async with session(volume_store) as v:
         assert await read_all(v, f) == expect
