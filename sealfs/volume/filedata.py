@@ -46,7 +46,7 @@ WINDOW = 16 << 20  # bytes cut per CDC pass while streaming a flush
 # 32 MiB (the whole chunk cache) evicted chunks before they were read (330 MB/s).
 READAHEAD = 12 << 20
 MAX_JOBS = 6  # chunks being sealed or uploaded at once per flush
-FRAGMENT = MIN_CHUNK // 4  # a piece this short merges with any write before it or after it
+FRAGMENT = MIN_CHUNK // 4  # a piece this short merges with a write inside the file
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
@@ -594,19 +594,25 @@ def _regions(
             lo = _resume_point(lo, hi, extents, forced)
             floor = 0 if hi >= size else FRAGMENT
             # Absorb such pieces in a row, not just the nearest: else fragments pile up.
-            while lo > 0 and (left := extents.covering(lo - 1)) and lo - left.start < MIN_CHUNK:
-                if lo - left.start > max(2 * (hi - lo), floor):
-                    break
+            while (
+                lo > 0
+                and (left := extents.covering(lo - 1))
+                and _absorbs(lo - left.start, hi - lo, floor)
+            ):
                 lo = left.start
-            while (right := extents.covering(hi)) and right.end - hi < MIN_CHUNK:
-                if right.end - hi > max(2 * (hi - lo), floor):
-                    break
+            while (right := extents.covering(hi)) and _absorbs(right.end - hi, hi - lo, floor):
                 hi = right.end
         if spans and lo <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], hi)
         else:
             spans.append([lo, hi])
     return [Region(lo, hi) for lo, hi in spans]
+
+
+def _absorbs(piece: int, region: int, floor: int) -> bool:
+    """_regions' merge rule, the same on both sides: whether a region of that length
+    takes in a neighbouring piece of that length."""
+    return piece < MIN_CHUNK and piece <= max(2 * region, floor)
 
 
 def _resume_point(lo: int, hi: int, extents: ExtentMap, forced: Extent | None) -> int:
