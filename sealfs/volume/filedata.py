@@ -584,24 +584,33 @@ def _regions(
     Now each small piece at the end of a file is more than twice as long as the next, so
     there are at most about log2(MIN_CHUNK / bytes per commit) of them whatever the commits,
     and a byte is re-sealed at most about that many times. Writes inside a file take in
-    every neighbour of at most FRAGMENT, so such fragments do not pile up (several writes
-    of one flush that lie close together can still leave short pieces between them).
+    every neighbour of at most FRAGMENT, so such fragments do not pile up; the gap
+    between two writes of one flush counts as the piece it would leave.
     """
+    written = [(start, start + len(buf)) for start, buf in data.ranges()]
     spans: list[list[int]] = []
-    for start, buf in data.ranges():
-        lo, hi = start, start + len(buf)
+    for i, (start, end) in enumerate(written):
+        lo, hi = start, end
         if merge:
             lo = _resume_point(lo, hi, extents, forced)
             floor = 0 if hi >= size else FRAGMENT
+            # A neighbour ends where the previous or the next written range begins: what
+            # would be left between two writes is measured, not the old extent it is cut from.
+            before = spans[-1][1] if spans else 0
+            after = written[i + 1][0] if i + 1 < len(written) else size
             # Absorb such pieces in a row, not just the nearest: else fragments pile up.
             while (
-                lo > 0
+                lo > before
                 and (left := extents.covering(lo - 1))
-                and _absorbs(lo - left.start, hi - lo, floor)
+                and _absorbs(lo - max(left.start, before), hi - lo, floor)
             ):
-                lo = left.start
-            while (right := extents.covering(hi)) and _absorbs(right.end - hi, hi - lo, floor):
-                hi = right.end
+                lo = max(left.start, before)
+            while (
+                hi < after
+                and (right := extents.covering(hi))
+                and _absorbs(min(right.end, after) - hi, hi - lo, floor)
+            ):
+                hi = min(right.end, after)
         if spans and lo <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], hi)
         else:

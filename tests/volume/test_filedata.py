@@ -370,10 +370,11 @@ async def test_small_writes_merge_small_extents(volume_store: ObjectStore) -> No
 
 
 async def overwrite_largest_extent(
-    v: Volume, data: bytes, into: int, piece: bytes
+    v: Volume, data: bytes, *writes: tuple[int, bytes]
 ) -> tuple[int, Extent, int]:
-    """Commit data as a new file, then piece written `into` bytes inside its largest extent.
-    Returns the inode, that extent as it was, and the bytes the second commit uploaded."""
+    """Commit data as a new file, then commit writes of (bytes into its largest extent,
+    piece). Returns the inode, that extent as it was, and the bytes the second commit
+    uploaded."""
     f = await mkfile(v, ROOT_INO, b"f", data)
     await v.fsync()
     extents = v.inode(f).extents
@@ -382,7 +383,8 @@ async def overwrite_largest_extent(
     assert big.length >= MIN_CHUNK
     uploaded = v.chunks.uploaded_bytes
     fh = await v.open(f, RW)
-    await v.write(fh, big.start + into, piece)
+    for into, piece in writes:
+        await v.write(fh, big.start + into, piece)
     await v.release(fh)
     await v.fsync()
     return f, big, v.chunks.uploaded_bytes - uploaded
@@ -397,7 +399,7 @@ async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
     at most twice as long as the region."""
     data, piece, left = stream(18, 4 * MiB), b"p" * 4096, FRAGMENT + 4096
     async with session(volume_store, commit_interval=3600.0) as v:
-        f, big, uploaded = await overwrite_largest_extent(v, data, left, piece)
+        f, big, uploaded = await overwrite_largest_extent(v, data, (left, piece))
         assert big.length - left - len(piece) > FRAGMENT  # the right remainder stays too
         assert uploaded < FRAGMENT
         extents = v.inode(f).extents
@@ -418,7 +420,7 @@ async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
     left = FRAGMENT + 8192
     data, piece = stream(19, 4 * MiB), stream(20, left // 2)
     async with session(volume_store, commit_interval=3600.0) as v:
-        f, big, uploaded = await overwrite_largest_extent(v, data, left, piece)
+        f, big, uploaded = await overwrite_largest_extent(v, data, (left, piece))
         end = left + len(piece)
         assert big.length - end > 2 * FRAGMENT  # the right remainder stays
         assert uploaded >= end
@@ -430,6 +432,74 @@ async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
         assert extents.covering(big.start + end) == rest
         at = big.start + left
         expect = data[:at] + piece + data[at + len(piece) :]
+        assert await read_all(v, f) == expect
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == expect
+
+
+async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: the gap between two writes of one flush was measured as the whole
+    remainder of the old extent, from its start, so a 16 KiB gap stayed a fragment."""
+    data, left, gap = stream(21, 4 * MiB), FRAGMENT + 4096, 16384
+    first, second = stream(22, 4096), stream(23, 4096)
+    after = left + len(first) + gap
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f, big, uploaded = await overwrite_largest_extent(v, data, (left, first), (after, second))
+        end = after + len(second)
+        assert big.length - end > FRAGMENT  # both outer remainders stay
+        assert uploaded < FRAGMENT
+        extents = v.inode(f).extents
+        assert extents is not None
+        assert extents.covering(big.start) == Extent(big.start, left, big.chunk, 0)
+        middle = extents.covering(big.start + left)
+        assert middle is not None
+        assert middle == Extent(big.start + left, end - left, middle.chunk, 0)
+        assert extents.covering(big.start + end) == Extent(
+            big.start + end, big.length - end, big.chunk, end
+        )
+        at = big.start + left
+        expect = bytearray(data)
+        expect[at : at + len(first)] = first
+        expect[big.start + after : big.start + end] = second
+        assert await read_all(v, f) == expect
+    async with session(volume_store) as v:
+        assert await read_all(v, f) == expect
+
+
+@pytest.mark.parametrize("long_write", [False, True])
+async def test_a_write_from_inside_the_last_piece_past_the_end(
+    volume_store: ObjectStore, long_write: bool
+) -> None:
+    """A write that starts inside a file's last piece and extends the file: a short one
+    leaves the piece's head in place (an appender must not re-seal it every time), a
+    long one re-seals the head with it, so no short piece is left behind."""
+    data = stream(24, 100_000)
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"f", data)
+        await v.fsync()
+        extents = v.inode(f).extents
+        assert extents is not None
+        last = extents.covering(0)
+        assert last is not None
+        assert last == Extent(0, len(data), last.chunk, 0)  # one piece, cut at the end
+        head = last.length // 3 if long_write else last.length - 2048
+        piece = stream(25, last.length if long_write else 4096)
+        fh = await v.open(f, RW)
+        await v.write(fh, last.start + head, piece)
+        await v.release(fh)
+        await v.fsync()
+        expect = data[: last.start + head] + piece
+        assert v.inode(f).size == len(expect) > len(data)
+        extents = v.inode(f).extents
+        assert extents is not None
+        first = extents.covering(last.start)
+        assert first is not None
+        if long_write:
+            assert first.chunk != last.chunk and first.end > last.start + head
+        else:
+            assert first == Extent(last.start, head, last.chunk, 0)
         assert await read_all(v, f) == expect
     async with session(volume_store) as v:
         assert await read_all(v, f) == expect
