@@ -131,9 +131,13 @@ class FileData:
         inode.size = max(inode.size, offset + len(data))
 
     async def wait_idle(self, ino: int) -> None:
-        """Wait until no flush of ino runs; the caller must then not await before truncating."""
-        fb = self.files.get(ino)
-        while fb is not None and fb.flushing is not None:
+        """Wait until no flush of ino runs; the caller must then not await before truncating.
+
+        The buffers are looked up again after each wait: a flush that ends with nothing
+        left drops them, and a write and a commit may start a new flush of new buffers
+        before this task runs again (a truncate then raced that flush, and the bytes it
+        cut came back)."""
+        while (fb := self.files.get(ino)) is not None and fb.flushing is not None:
             await fb.idle.wait()
 
     def truncate_buffers(self, ino: int, size: int) -> None:

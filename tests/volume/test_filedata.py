@@ -505,6 +505,40 @@ async def test_a_write_from_inside_the_last_piece_past_the_end(
         assert await read_all(v, f) == expect
 
 
+async def test_waiting_for_a_file_to_be_idle_waits_for_a_flush_started_meanwhile(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: wait_idle looked the buffers up once. A flush that ended with nothing
+    left dropped them; a write and a commit then started a new flush, and the truncate
+    waiting went ahead during it: the bytes it cut came back, and were committed."""
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"f", b"")
+        inode, files = v.inode(f), v.files
+        files.write(inode, 0, b"a" * 1000)
+        first = files.detach(inode)
+        assert first is not None
+        idle = trio.Event()
+
+        async def truncate() -> None:
+            await files.wait_idle(f)
+            idle.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(truncate)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not idle.is_set()
+            files.finish(first, None, failed=False)  # ends with nothing left: buffers dropped
+            files.write(inode, 0, b"b" * 1000)  # before the waiting task runs again
+            second = files.detach(inode)
+            assert second is not None
+            await trio.testing.wait_all_tasks_blocked()
+            assert not idle.is_set()
+            files.finish(second, None, failed=True)  # buffered again, committed at close
+            await trio.testing.wait_all_tasks_blocked()
+            assert idle.is_set()
+        assert await read_all(v, f) == b"b" * 1000
+
+
 async def test_buffered_bytes_return_to_zero(volume_store: ObjectStore) -> None:
     async with session(volume_store, **SMALL) as v:
         for k in range(3):
