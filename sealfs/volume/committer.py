@@ -20,9 +20,16 @@ import time
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
-from sealfs.errors import FencedError, ObjectExistsError, SealfsError
+from sealfs.errors import FencedError, FormatError, IntegrityError, ObjectExistsError, SealfsError
 from sealfs.meta import ops
-from sealfs.meta.codec import LoggedSegment, Segment, encode_segment, segment_name, snapshot_name
+from sealfs.meta.codec import (
+    LoggedSegment,
+    Segment,
+    decode_segment,
+    encode_segment,
+    segment_name,
+    snapshot_name,
+)
 from sealfs.meta.compact import compact
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
@@ -285,7 +292,7 @@ class Committer:
     async def _publish(self, segment: Segment, sealed: bytes, digest: bytes) -> None:
         try:
             await trio.to_thread.run_sync(
-                self._publish_sync, segment.generation, sealed, limiter=self._limiter
+                self._publish_sync, segment.generation, sealed, digest, limiter=self._limiter
             )
         except FencedError as exc:
             self.fenced = exc
@@ -303,19 +310,31 @@ class Committer:
         self._tail_ops += len(segment.ops)
         self._tail_bytes += len(sealed)
 
-    def _publish_sync(self, generation: int, sealed: bytes) -> None:
+    def _publish_sync(self, generation: int, sealed: bytes, digest: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
         name = segment_name(generation)
         self._store.sync()
         try:
             self._store.put_if_absent(name, sealed)
         except ObjectExistsError:
-            if self._store.get(name) != sealed:  # identical sealed bytes can only be ours
+            if not self._is_ours(generation, self._store.get(name), sealed, digest):
                 raise FencedError(
                     f"another writer committed generation {generation} first: this mount"
                     " was taken over (fenced) and is now read-only; unmount it"
                 ) from None
         self._store.sync()
+
+    def _is_ours(self, generation: int, found: bytes, sealed: bytes, digest: bytes) -> bool:
+        """Whether l/<generation> as found is the segment this writer sealed: the very
+        bytes, or its records sealed again. A rekey re-seals every segment it lists, and
+        one whose create landed with its reply lost (published again here) is among them:
+        comparing the sealed bytes alone took that for a takeover and fenced the mount."""
+        if found == sealed:
+            return True
+        try:
+            return decode_segment(self._keys, self._volume_id, generation, found).digest == digest
+        except (IntegrityError, FormatError):
+            return False
 
     def snapshot_due(self, *, closing: bool = False) -> bool:
         """Whether the log since the last snapshot is long enough to compact.
