@@ -63,7 +63,11 @@ class MountpointBusyError(SealfsError):
     """Something is already mounted on the mountpoint."""
 
 
-class FencedError(SealfsError):
+class WriterStoppedError(SealfsError):
+    """This mount can commit nothing more: it turned read-only (reason in the message)."""
+
+
+class FencedError(WriterStoppedError):
     """This writer lost the generation race: another writer committed first."""
 
 
@@ -93,6 +97,15 @@ class StoreUnavailableError(StoreError):
 
 class NoSpaceError(StoreError):
     """The disk under a local store or cache is full."""
+
+
+class SyncFailedError(StoreError, WriterStoppedError):
+    """The store's disk failed to flush written objects to stable storage.
+
+    After a failed writeback Linux may drop the data, and reports the error
+    once: a later flush that succeeds proves nothing (PostgreSQL's "fsyncgate").
+    So no later commit of this mount may count those objects durable.
+    """
 
 
 class FsError(SealfsError):

@@ -179,12 +179,17 @@ def run_umount(args: argparse.Namespace) -> int:
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
               " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
         return FAILURE
-    if status.get("fenced"):  # no commit can ever succeed: unmount without one
+    if status.get("fenced") or status.get("stopped"):  # no commit can succeed: don't try
         if (code := _fusermount(mnt, lazy=False)) != 0:
             return code
         _wait_for_exit(pid, args.timeout)
-        print(f"sealfs: {mnt} was taken over by another writer (fenced); unmounted it."
-              " Data written there after the takeover is lost.", file=sys.stderr)  # fmt: skip
+        if status.get("fenced"):
+            print(f"sealfs: {mnt} was taken over by another writer (fenced); unmounted it."
+                  " Data written there after the takeover is lost.", file=sys.stderr)  # fmt: skip
+        else:
+            cause = status["stopped"]
+            print(f"sealfs: {mnt} had stopped committing; unmounted it. Data written after"
+                  f" its last commit is lost. Cause: {cause}", file=sys.stderr)  # fmt: skip
         return FAILURE
     try:
         commit_mount(mnt)

@@ -88,7 +88,10 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("store requests", ", ".join(f"{method} {n}" for method, n in counts)))
     if s.get("pid"):
         mode = "read-only" if s["read_only"] else "read-write"
-        rows.append(("daemon", f"pid {s['pid']}, {mode}" + (", FENCED" if s["fenced"] else "")))
+        state = ", FENCED" if s["fenced"] else ", STOPPED" if s.get("stopped") else ""
+        rows.append(("daemon", f"pid {s['pid']}, {mode}{state}"))
+        if s.get("stopped") and not s["fenced"]:
+            rows.append(("stopped", str(s["stopped"])))
     return rows
 
 

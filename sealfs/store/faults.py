@@ -16,17 +16,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
-from sealfs.errors import NoSpaceError, StoreUnavailableError, TransientStoreError
+from sealfs.errors import (
+    NoSpaceError,
+    StoreUnavailableError,
+    SyncFailedError,
+    TransientStoreError,
+)
 from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
 
 T = TypeVar("T")
 
-Fault = Literal["transient", "transient_after", "unavailable", "nospace", "corrupt", "drop"]
+Fault = Literal[
+    "transient", "transient_after", "unavailable", "nospace", "corrupt", "drop", "flush_failed"
+]
 """transient: raise TransientStoreError without calling the inner store.
 transient_after: call the inner store (the request took effect), then raise TransientStoreError.
 unavailable: raise StoreUnavailableError. nospace: raise NoSpaceError.
 corrupt: get returns the object with one byte flipped.
-drop: a write (put, put_if_absent, put_if_match, delete) returns success but does nothing."""
+drop: a write (put, put_if_absent, put_if_match, delete) returns success but does nothing.
+flush_failed: sync raises SyncFailedError (the disk failed to write back what was put)."""
 
 FAULTS: tuple[str, ...] = get_args(Fault)
 METHODS = ("get", "stat", "put", "put_if_absent", "put_if_match", "delete", "list", "sync")
@@ -56,6 +64,8 @@ class FaultRule:
             raise ValueError("a corrupt fault applies to get only")
         if self.fault == "drop" and self.method != "*" and self.method not in WRITES:
             raise ValueError("a drop fault applies to writes only")
+        if self.fault == "flush_failed" and self.method not in ("*", "sync"):
+            raise ValueError("a flush_failed fault applies to sync only")
 
     def matches(self, method: str, name: str) -> bool:
         """Whether this rule can fire for a call of method on name."""
@@ -67,6 +77,8 @@ class FaultRule:
             return method == "get"
         if self.fault == "drop":
             return method in WRITES
+        if self.fault == "flush_failed":
+            return method == "sync"
         return True
 
 
@@ -133,6 +145,8 @@ class FaultyStore:
             raise StoreUnavailableError(f"injected fault: store unreachable: {what}")
         if fault == "nospace":
             raise NoSpaceError(f"injected fault: store disk full: {what}")
+        if fault == "flush_failed":
+            raise SyncFailedError(f"injected fault: flush failed: {what}")
         result = call()
         if fault == "transient_after":
             raise TransientStoreError(f"injected transient fault after the request: {what}")

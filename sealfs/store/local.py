@@ -36,6 +36,7 @@ from sealfs.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
+    SyncFailedError,
     TransientStoreError,
 )
 from sealfs.store.base import ObjectInfo, content_etag, validate_name, validate_prefix
@@ -165,6 +166,7 @@ class LocalStore:
         self.root = Path(root)
         self._unsynced = _Unsynced()
         self._sync_lock = threading.Lock()  # one sync at a time: a later one waits for it
+        self._sync_failed: SyncFailedError | None = None  # then every later sync fails too
         # Directories whose own entry (in their parent) is known to be durable.
         self._durable_dirs: set[str] = set()
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
@@ -185,6 +187,14 @@ class LocalStore:
         if exc.errno in _TRANSIENT:
             return TransientStoreError(message)
         return StoreError(message)
+
+    def _flush_failed(self, exc: OSError, what: str) -> SyncFailedError:
+        reason = exc.strerror or type(exc).__name__
+        return SyncFailedError(
+            f"local store at {self.root}: {what} failed ({reason}): objects written since"
+            " the last commit may not be on disk, so this mount stopped committing and is"
+            " read-only; check the disk, then unmount and mount again"
+        )
 
     def _not_found(self, name: str) -> ObjectNotFoundError:
         return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
@@ -330,16 +340,21 @@ class LocalStore:
         fdatasyncs the files written since the last sync and fsyncs the
         directories whose entries changed (and the parents of new ones); above
         SYNCFS_ABOVE paths, one syncfs(2) of the root's file system instead.
-        Raises StoreError (NoSpaceError, TransientStoreError) if the kernel
-        reports a failure; the next sync flushes the same paths again (after an
-        I/O error the kernel may have dropped those pages, so a later success
-        does not prove they reached the disk; syncfs had the same limit).
+        Raises SyncFailedError if a flush itself fails, and again at every later
+        sync: the kernel may have dropped what it could not write, so a later
+        success would not prove those objects reached the disk. Other failures
+        (opening a path) raise StoreError and hand the paths to the next sync.
         Never retries.
         """
         with self._sync_lock:
+            if self._sync_failed is not None:
+                raise self._sync_failed
             files, dirs = self._unsynced.take()
             try:
                 self._sync_paths(files, dirs)
+            except SyncFailedError as exc:
+                self._sync_failed = exc
+                raise
             except BaseException:
                 self._unsynced.give_back(files, dirs)
                 raise
@@ -409,7 +424,7 @@ class LocalStore:
         try:
             flush(fd)
         except OSError as exc:
-            raise self._error(exc, f"fsync {self._relative(path)}") from exc
+            raise self._flush_failed(exc, f"fsync of {self._relative(path)}") from exc
         finally:
             os.close(fd)
 
@@ -429,7 +444,7 @@ class LocalStore:
                 os.sync()
             elif _syncfs(fd) != 0:
                 err = ctypes.get_errno()
-                raise self._error(OSError(err, os.strerror(err)), "syncfs")
+                raise self._flush_failed(OSError(err, os.strerror(err)), "syncfs")
         finally:
             os.close(fd)
 

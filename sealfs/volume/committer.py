@@ -4,7 +4,9 @@ Write ordering (the invariant every crash test checks): the chunks a segment
 refers to are uploaded and synced before the segment is created; a commit is
 reported only after the segment's create is acknowledged and synced. The
 segment is created with put_if_absent, so of two writers exactly one gets
-each generation; the loser is fenced and turns read-only.
+each generation; the loser is fenced and turns read-only. So does a writer
+whose store failed to flush (SyncFailedError): no later commit can prove the
+objects it wrote are on disk.
 
 A commit takes every record queued so far and every file's dirty bytes at one
 instant (no await in between), so each segment is a consistent cut and the
@@ -20,7 +22,14 @@ import time
 import trio
 
 from sealfs.chunking.fastcdc import MIN_CHUNK
-from sealfs.errors import FencedError, FormatError, IntegrityError, ObjectExistsError, SealfsError
+from sealfs.errors import (
+    FencedError,
+    FormatError,
+    IntegrityError,
+    ObjectExistsError,
+    SealfsError,
+    WriterStoppedError,
+)
 from sealfs.meta import ops
 from sealfs.meta.codec import (
     LoggedSegment,
@@ -71,7 +80,7 @@ class Committer:
         self._wanted = 0  # sync() callers wait for the commit with this number
         self._done = trio.Event()
         self._failure: BaseException | None = None
-        self.fenced: FencedError | None = None
+        self.stopped: WriterStoppedError | None = None  # fenced, or its store lost writes
         # A segment create that may have landed: (segment, sealed, digest).
         self._unsure: tuple[Segment, bytes, bytes] | None = None
         self.last_commit_ns = loaded.live.committed_ns
@@ -102,10 +111,10 @@ class Committer:
         """Return once everything recorded or written before the call is committed.
 
         Concurrent callers share commits (group commit). Raises the commit's
-        error (StoreError, FencedError) if the commit that would cover them fails.
+        error (StoreError, WriterStoppedError) if the commit that would cover them fails.
         """
-        if self.fenced is not None:
-            raise self.fenced
+        if self.stopped is not None:
+            raise self.stopped
         if not self.has_work() and not self._lock.locked():
             return  # everything recorded so far is committed
         target = self._started + 1
@@ -119,14 +128,14 @@ class Committer:
 
     async def loop(self) -> None:
         """Commit every interval while there is work, and at once when asked."""
-        while self.fenced is None:
+        while self.stopped is None:
             with trio.move_on_after(self.interval):
                 await self._wake.wait()
             self._wake = trio.Event()
             if self.has_work() or self._finished < self._wanted:
                 try:
                     await self.commit()
-                except FencedError:
+                except WriterStoppedError:
                     return
                 except SealfsError as exc:
                     log.error("commit failed, will retry: %s", exc)
@@ -138,10 +147,12 @@ class Committer:
                     log.warning("snapshot failed, will retry later: %s", exc)
 
     async def commit(self, extra: list[ops.Op] | None = None) -> None:
-        """Run one commit now (waiting for one in progress). Raises StoreError, FencedError."""
+        """Run one commit now (waiting for one in progress).
+
+        Raises StoreError, WriterStoppedError."""
         async with self._lock:
-            if self.fenced is not None:
-                raise self.fenced
+            if self.stopped is not None:
+                raise self.stopped
             self._started += 1
             try:
                 await self._commit(extra or [])
@@ -294,8 +305,8 @@ class Committer:
             await trio.to_thread.run_sync(
                 self._publish_sync, segment.generation, sealed, digest, limiter=self._limiter
             )
-        except FencedError as exc:
-            self.fenced = exc
+        except WriterStoppedError as exc:  # taken over, or the store lost writes: stop
+            self.stopped = exc
             log.error("%s", exc)
             self._files.wake_space_waiters()  # writers waiting for buffer space: EROFS now
             raise

@@ -25,7 +25,7 @@ import trio
 
 from sealfs.chunking.fastcdc import Chunker
 from sealfs.crypto.subkeys import derive_subkeys
-from sealfs.errors import FencedError, FsError, IntegrityError, SealfsError
+from sealfs.errors import FencedError, FsError, IntegrityError, SealfsError, WriterStoppedError
 from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
@@ -190,7 +190,7 @@ class Volume:
             self._nursery.start_soon(fn)  # type: ignore[arg-type]
 
     def _writable(self) -> None:
-        if self.commits.fenced is not None or self.read_only:
+        if self.commits.stopped is not None or self.read_only:
             raise FsError(errno.EROFS)
 
     def _record(self, op: ops.Op) -> None:
@@ -551,7 +551,7 @@ class Volume:
             self._relieving = True
             self._spawn(self._relieve)
         while self.files.buffered_bytes > self.options.max_buffered:
-            if self.commits.fenced is not None:
+            if self.commits.stopped is not None:
                 raise FsError(errno.EROFS)  # nothing buffered will be committed now
             await self.files.space.wait()
 
@@ -560,14 +560,15 @@ class Volume:
 
         A failure is retried, as the commit loop retries: writers blocked at
         max_buffered wait for this, and the commit loop may not run for a whole
-        interval. Once the volume is fenced nothing will be committed: the
-        fence wakes the blocked writers, which fail with EROFS.
+        interval. Once the writer has stopped (fenced, or its store failed to
+        flush) nothing will be committed: the stop wakes the blocked writers,
+        which fail with EROFS.
         """
         try:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
                 try:
                     await self.commits.relieve_pressure()
-                except FencedError:
+                except WriterStoppedError:
                     return
                 except SealfsError as exc:
                     log.warning("early flush failed, will retry: %s", exc)

@@ -46,6 +46,7 @@ from sealfs.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     SealfsError,
+    WriterStoppedError,
 )
 from sealfs.keys.header import decode_header
 from sealfs.keys.rekey import end_rekey
@@ -131,6 +132,9 @@ class Rekeyer:
             except FencedError:
                 self.progress.error = "fenced: another writer took the volume over and carries on"
                 return  # the new writer resumes the rekey; a fenced one must not write
+            except WriterStoppedError as exc:
+                self.progress.error = str(exc)
+                return  # the next mount resumes it; a stopped writer must not write
             except SealfsError as exc:
                 self.progress.error = str(exc)
                 log.error("rekey paused, will retry in %.0f s: %s", RETRY_DELAY, exc)
@@ -173,8 +177,8 @@ class Rekeyer:
         async def worker() -> None:
             for name in queue:
                 try:
-                    if self._commits.fenced is not None:
-                        raise self._commits.fenced
+                    if self._commits.stopped is not None:
+                        raise self._commits.stopped
                     size = await self._thread(self._reseal, name)
                 except SealfsError as exc:
                     failure.append(exc)  # the other workers stop at their next object

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from sealfs.errors import FencedError
 from sealfs.store.base import request_counts
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def volume_status(volume: Volume) -> dict[str, Any]:
         "disk_cache_bytes": cache_bytes,
         "store_requests": requests,
         "read_only": volume.read_only,
-        "fenced": volume.commits.fenced is not None,
+        "fenced": isinstance(volume.commits.stopped, FencedError),
+        "stopped": None if volume.commits.stopped is None else str(volume.commits.stopped),
         "commit_interval": volume.options.commit_interval,
         "key_epoch": volume.loaded.keys.epoch,
         "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),

@@ -91,5 +91,7 @@ def test_rules_are_checked() -> None:
         FaultRule("put", "", "corrupt")
     with pytest.raises(ValueError, match="writes only"):
         FaultRule("get", "", "drop")
+    with pytest.raises(ValueError, match="sync only"):
+        FaultRule("put", "", "flush_failed")
     with pytest.raises(ValueError, match="unknown store method"):
         FaultRule("fetch", "", "transient")

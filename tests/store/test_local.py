@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.errors import NoSpaceError, ObjectExistsError, PreconditionFailedError, StoreError
+from sealfs.errors import (
+    NoSpaceError,
+    ObjectExistsError,
+    PreconditionFailedError,
+    StoreError,
+    SyncFailedError,
+)
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
 from tests.store.conftest import CrashableDisk
@@ -245,9 +251,12 @@ def test_sync_flushes_an_existing_object_that_put_if_absent_found(
 
 
 @pytest.mark.parametrize("count", [1, 10], ids=["inline", "threads"])
-def test_a_failed_sync_is_reported_and_the_next_one_covers_its_objects(
+def test_a_failed_flush_fails_every_later_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int
 ) -> None:
+    """After a failed writeback Linux may drop the pages and reports the error once: a
+    later fsync that succeeds proves nothing. Regression: the next sync flushed the same
+    paths again and its success let the next commit claim them durable."""
     flushes = Flushes(monkeypatch)
     watched = local._fdatasync
     failures = [errno.EIO]
@@ -263,12 +272,50 @@ def test_a_failed_sync_is_reported_and_the_next_one_covers_its_objects(
     store = LocalStore(tmp_path)
     for i in range(count):
         store.put(f"c/ab/x{i}", b"x")
-    with pytest.raises(StoreError, match=r"fsync c/ab/x\d+ failed: Input/output error") as info:
+    pattern = r"fsync of c/ab/x\d+ failed \(Input/output error\): objects written since"
+    with pytest.raises(SyncFailedError, match=pattern):
         store.sync()
-    assert type(info.value) is StoreError  # not transient: the retrying wrapper gives up
+    assert not failures  # the fault is gone; the store must not forget it
+    store.put("c/ab/later", b"y")
+    for _ in range(2):
+        with pytest.raises(SyncFailedError, match=pattern):
+            store.sync()
+    assert store.get("c/ab/later") == b"y"  # reads go on
+
+
+def test_a_flush_the_kernel_refuses_stops_syncs(tmp_path: Path) -> None:
+    """The same with a real refusal: fdatasync of a character device fails (EINVAL)."""
+    store = LocalStore(tmp_path)
+    store.put("c/ab/x", b"x")
+    path = tmp_path / "c/ab/x"
+    path.unlink()
+    path.symlink_to("/dev/null")
+    with pytest.raises(SyncFailedError, match=r"fsync of c/ab/x failed \(Invalid argument\)"):
+        store.sync()
+    path.unlink()
+    store.put("c/ab/x", b"x")
+    with pytest.raises(SyncFailedError):
+        store.sync()
+
+
+def test_a_path_that_cannot_be_opened_is_flushed_by_the_next_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failing to open a path flushes nothing, so nothing is lost: the next sync retries."""
+    flushes = Flushes(monkeypatch)
+    store = LocalStore(tmp_path)
+    store.put("c/ab/x", b"x")
+    path = tmp_path / "c/ab/x"
+    path.rename(tmp_path / "c/ab/kept")
+    path.symlink_to(path.name)  # a loop: open fails with ELOOP
+    with pytest.raises(StoreError, match="open c/ab/x for sync failed") as info:
+        store.sync()
+    assert not isinstance(info.value, SyncFailedError)
+    path.unlink()
+    (tmp_path / "c/ab/kept").rename(path)
     flushes.take()
     store.sync()
-    assert flushes.take()[0] == sorted(str(tmp_path / f"c/ab/x{i}") for i in range(count))
+    assert flushes.take()[0] == [str(path)]
 
 
 def test_many_objects_take_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -346,7 +393,7 @@ def test_syncfs_error_becomes_store_error(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(local, "SYNCFS_ABOVE", 0)
     store = LocalStore(tmp_path)
     store.put("c/ab/x", b"x")
-    with pytest.raises(StoreError, match="syncfs failed"):
+    with pytest.raises(SyncFailedError, match="syncfs failed"):
         store.sync()
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from sealfs.errors import FencedError, FsError, StoreError
+from sealfs.errors import FencedError, FsError, StoreError, SyncFailedError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
 from sealfs.meta import compact as compaction
@@ -264,7 +264,7 @@ async def test_segment_create_that_landed_despite_an_error_is_not_fencing(
             await v.fsync()
         g = await mkfile(v, ROOT_INO, b"g", b"second")
         await v.fsync()
-        assert v.commits.fenced is None
+        assert v.commits.stopped is None
         state = load(faulty.inner)
         assert f in state.inodes and g in state.inodes
     assert_replay_equals_live(faulty.inner, v)
@@ -290,10 +290,33 @@ async def test_a_rekey_of_a_segment_whose_create_landed_unanswered_is_not_fencin
         assert faulty.inner.get(landed) != before  # re-sealed while unsure
         g = await mkfile(v, ROOT_INO, b"g", b"second")
         await v.fsync()
-        assert v.commits.fenced is None
+        assert v.commits.stopped is None
         state = load(faulty.inner)
         assert f in state.inodes and g in state.inodes
     assert_replay_equals_live(faulty.inner, v)
+
+
+async def test_a_store_that_failed_to_flush_stops_the_writer(faulty: FaultyStore) -> None:
+    """A failed flush may have lost what it flushed, and a later one cannot tell: the
+    writer stops as a fenced one does, but fsync reports the store's error."""
+    with pytest.RaisesGroup(SyncFailedError, flatten_subgroups=True):
+        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+            f = await mkfile(v, ROOT_INO, b"f", b"before")
+            await v.fsync()
+            fh = await v.open(f, RW)
+            await v.write(fh, 0, b"AFTER!")
+            faulty.fail_next("sync", "", "flush_failed")
+            for _ in range(2):  # and again: no later commit may succeed
+                with pytest.raises(SyncFailedError, match="flush failed"):
+                    await v.fsync()
+            assert isinstance(v.commits.stopped, SyncFailedError)
+            assert len(faulty.injected) == 1
+            await expect(errno.EROFS, v.write(fh, 0, b"x"))
+            await expect(errno.EROFS, v.create(ROOT_INO, b"g", 0o644, RW, UID, GID))
+            assert await v.read(fh, 0, 10) == b"AFTER!"
+            await v.release(fh)
+    async with mounted(faulty.inner, read_only=True) as ro:
+        assert await read_all(ro, f) == b"before"
 
 
 async def test_lost_reply_then_a_failed_next_segment_commits_each_record_once(
@@ -341,7 +364,7 @@ async def test_second_claim_fences_the_first_writer(volume_store: MemoryStore) -
             await v.write(fh, 0, b"AFTER!")  # buffered: the fence shows at the commit
             with pytest.raises(FencedError):
                 await v.commits.commit()
-            assert v.commits.fenced is not None
+            assert v.commits.stopped is not None
             await expect(errno.EROFS, v.fsync())
             await expect(errno.EROFS, v.write(fh, 0, b"x"))
             await expect(errno.EROFS, v.create(ROOT_INO, b"g", 0o644, RW, UID, GID))
@@ -361,7 +384,7 @@ async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
             other = open_volume(volume_store, Passphrase(PASSPHRASE))
             claim_writer(other)
             await mkfile(v, ROOT_INO, b"f", b"x")
-            await wait_until(lambda: v.commits.fenced is not None)
+            await wait_until(lambda: v.commits.stopped is not None)
             await expect(errno.EROFS, v.fsync())
 
 
@@ -382,7 +405,7 @@ async def test_writers_waiting_for_buffer_space_fail_once_the_volume_is_fenced(
                 for k in range(1000):
                     await mkfile(v, ROOT_INO, b"f%04d" % k, os.urandom(8192))
             assert info.value.errno == errno.EROFS
-            assert v.commits.fenced is not None
+            assert v.commits.stopped is not None
 
 
 async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultyStore) -> None:
