@@ -219,14 +219,25 @@ class LocalStore:
             raise self._error(exc, f"write {name}") from exc
         return tmp
 
-    @staticmethod
-    def _create(tmp: Path) -> int:
+    def _create(self, tmp: Path) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             return os.open(tmp, flags, _FILE_MODE)
         except FileNotFoundError:
-            tmp.parent.mkdir(parents=True, exist_ok=True)  # directories come lazily
+            self._make_dirs(tmp.parent)  # directories come lazily
             return os.open(tmp, flags, _FILE_MODE)
+
+    def _make_dirs(self, path: Path) -> None:
+        """mkdir -p, remembering the highest directory made above the root: its entry
+        must be flushed too, or a volume created under a new path can vanish whole in
+        a power cut right after init (sync used to stop at the root's parent)."""
+        highest = path
+        while not highest.parent.exists():
+            highest = highest.parent
+        path.mkdir(parents=True, exist_ok=True)
+        holder = os.path.dirname(os.path.abspath(highest))
+        if self._top.startswith(os.path.join(holder, "")):  # made above the root's parent
+            self._top = holder
 
     def get(self, name: str) -> bytes:
         """Return the object's bytes. Raises ObjectNotFoundError."""

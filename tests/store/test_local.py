@@ -236,6 +236,23 @@ def test_sync_flushes_the_objects_written_and_the_directories_changed(
     assert flushes.syncfs == 0
 
 
+def test_sync_flushes_the_entries_of_directories_made_above_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a store made under a path that did not exist flushed the root's
+    parent but not the directories above it that were made with it."""
+    flushes = Flushes(monkeypatch)
+    root = tmp_path / "a" / "b" / "store"
+    store = LocalStore(root)
+    store.put("h", b"header")
+    store.sync()
+    dirs = set(flushes.take()[1])
+    assert {str(tmp_path), str(tmp_path / "a"), str(tmp_path / "a" / "b"), str(root)} <= dirs
+    store.put("c/ab/x", b"x")
+    store.sync()
+    assert str(tmp_path) not in flushes.take()[1]  # durable now: not flushed again
+
+
 def test_sync_flushes_an_existing_object_that_put_if_absent_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
