@@ -192,8 +192,8 @@ class LocalStore:
         reason = exc.strerror or type(exc).__name__
         return SyncFailedError(
             f"local store at {self.root}: {what} failed ({reason}): objects written since"
-            " the last commit may not be on disk, so this mount stopped committing and is"
-            " read-only; check the disk, then unmount and mount again"
+            " the last commit may not be on disk, so sealfs commits nothing more through"
+            " this store (a mount turns read-only); check the disk, then mount again"
         )
 
     def _not_found(self, name: str) -> ObjectNotFoundError:
