@@ -24,8 +24,6 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
         return _wait_for_child(read_end, log_path)
     os.close(read_end)
     os.setsid()
-    _redirect_stdio(log_path)
-    _close_inherited_fds(keep=write_end)
     reported = False
 
     def report(code: int, message: str) -> None:
@@ -36,6 +34,8 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
             os.close(write_end)
 
     try:
+        _redirect_stdio(log_path)
+        _close_inherited_fds(keep=write_end)
         code = child(report)
     except BaseException as exc:
         report(1, f"daemon failed: {exc}")

@@ -7,6 +7,7 @@ import errno
 import gc
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, SealfsError
-from sealfs.fuse.mount import abandon, prepare, serve
+from sealfs.fuse.mount import abandon, is_mounted, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT
 from sealfs.volume.engine import Volume
@@ -75,11 +76,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     u.set_defaults(run=run_umount)
 
 
+def _seconds(value: float, option: str, *, zero: bool = False) -> float:
+    """value, if it is a finite number of seconds: NaN passed a `<= 0` check and
+    wedged the mount (a timer of NaN seconds fails inside the commit loop)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        limit = "zero or more" if zero else "positive"
+        raise ConfigError(f"{option} must be a {limit} number of seconds, not {value}")
+    return value
+
+
 def _options(args: argparse.Namespace) -> VolumeOptions:
-    if args.commit_interval <= 0:
-        raise ConfigError("--commit-interval must be positive")
-    if args.store_timeout <= 0:
-        raise ConfigError("--store-timeout must be positive")
+    _seconds(args.commit_interval, "--commit-interval")
+    _seconds(args.store_timeout, "--store-timeout")
     return VolumeOptions(
         commit_interval=args.commit_interval,
         sync_on_close=args.sync_on_close,
@@ -89,12 +97,13 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
+    mountpoint = os.path.abspath(args.mountpoint)
+    log_path = "" if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with collector_paused():
         loaded = unlock_store(args)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
-        mountpoint = os.path.abspath(args.mountpoint)
         volume = Volume(loaded, options)
         prepare(volume, mountpoint, allow_other=args.allow_other)
         # The metadata just loaded lives as long as the mount: the collector can skip
@@ -102,7 +111,6 @@ def run_mount(args: argparse.Namespace) -> int:
         gc.freeze()
     if args.foreground:
         return _serve(loaded, volume, mountpoint, lambda code, msg: None)
-    log_path = args.log_file or _default_log_path()
     return daemonize(
         lambda report: _serve_daemon(loaded, volume, mountpoint, report, log_path), log_path
     )
@@ -133,10 +141,24 @@ def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> i
     return 0
 
 
-def _default_log_path() -> str:
-    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "sealfs"
-    state.mkdir(parents=True, exist_ok=True)
-    return str(state / "sealfs.log")
+def _log_path(given: str | None, mountpoint: str) -> str:
+    """The daemon's log file, opened once here: the daemon opens it after the kernel
+    mount exists, where a failure left a dead mount behind, and a log file inside the
+    mountpoint made the daemon wait on its own mount forever."""
+    if given is None:
+        state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+        (state / "sealfs").mkdir(parents=True, exist_ok=True)
+        given = str(state / "sealfs" / "sealfs.log")
+    path = os.path.abspath(given)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, os.path.realpath(mountpoint)]) == os.path.realpath(mountpoint):
+        raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot open log file {path}: {exc.strerror}") from None
+    return path
 
 
 def read_status(mountpoint: str) -> dict[str, object]:
@@ -153,10 +175,27 @@ def commit_mount(mnt: str) -> None:
         os.close(fd)
 
 
+def _live_status(mnt: str) -> dict[str, object] | None:
+    """The status of the sealfs mount on mnt, or None if its daemon has died.
+
+    Raises ConfigError if nothing is mounted there or the mount is not sealfs.
+    """
+    if not is_mounted(mnt):
+        raise ConfigError(f"{mnt} is not mounted")
+    try:
+        return read_status(mnt)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            return None
+        raise ConfigError(f"{mnt} is not a sealfs mount: {exc.strerror}") from None
+
+
 def run_sync(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
-    if not os.path.ismount(mnt):
-        raise ConfigError(f"{mnt} is not mounted")
+    if _live_status(mnt) is None:
+        print(f"sealfs: the daemon of {mnt} has died: run 'sealfs umount {mnt}'",
+              file=sys.stderr)  # fmt: skip
+        return FAILURE
     try:
         commit_mount(mnt)
     except OSError as exc:
@@ -167,18 +206,14 @@ def run_sync(args: argparse.Namespace) -> int:
 
 def run_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
-    if not os.path.ismount(mnt):
-        raise ConfigError(f"{mnt} is not mounted")
-    try:
-        status = read_status(mnt)
-        pid = int(str(status["pid"]))
-    except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
-            raise ConfigError(f"{mnt} is not a sealfs mount: {exc.strerror}") from None
+    _seconds(args.timeout, "--timeout", zero=True)
+    status = _live_status(mnt)
+    if status is None:
         _fusermount(mnt, lazy=True)
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
               " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
         return FAILURE
+    pid = int(str(status["pid"]))
     if status.get("fenced") or status.get("stopped"):  # no commit can succeed: don't try
         if (code := _fusermount(mnt, lazy=False)) != 0:
             return code

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import json
-import os
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +16,7 @@ from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import ConfigError
+from sealfs.fuse.mount import is_mounted
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
@@ -30,10 +31,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
-    if os.path.ismount(args.target):
+    if is_mounted(args.target):
         try:
             return read_status(args.target)
         except OSError as exc:
+            if exc.errno == errno.ENOTCONN:
+                raise ConfigError(
+                    f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
+                ) from None
             raise ConfigError(
                 f"{args.target} does not answer as a sealfs mount: {exc.strerror}"
             ) from None

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable
 
@@ -78,13 +80,51 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
+def is_mounted(path: str) -> bool:
+    """Whether something is mounted on path, per /proc/self/mountinfo.
+
+    os.path.ismount stats the path, and a mount whose daemon died answers
+    ENOTCONN: it looked unmounted, so nothing could clean it up.
+    """
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        return any(_unescape(line.split(" ", 5)[4]) == target for line in f)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def is_dead_mount(path: str) -> bool:
+    """Whether path is a FUSE mount whose daemon is gone (every request fails ENOTCONN).
+
+    statfs, not stat: the kernel may answer a stat of the root from its cache."""
+    try:
+        os.statvfs(path)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN and is_mounted(path)
+    return False
+
+
 def _check_mountpoint(mountpoint: str) -> None:
+    if is_dead_mount(mountpoint):
+        raise MountpointBusyError(
+            f"mountpoint {mountpoint} holds a mount whose daemon died:"
+            f" run 'sealfs umount {mountpoint}' first"
+        )
     if not os.path.exists(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory")
-    if os.path.ismount(mountpoint):
+    if is_mounted(mountpoint):
         raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
+    with os.scandir(mountpoint) as entries:
+        if next(entries, None) is not None:
+            raise ConfigError(
+                f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
+                " use an empty directory"
+            )
 
 
 async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> None:

@@ -1,8 +1,10 @@
 """Store URLs: turn what the user typed into a stacked ObjectStore.
 
 Supported forms: a directory path or file:///abs/path (LocalStore behind
-RetryingStore), s3://bucket/prefix (S3Store behind RetryingStore) and memory://
-(a fresh MemoryStore, for tests). A CachingStore goes on top when a cache
+RetryingStore) and s3://bucket/prefix (S3Store behind RetryingStore). There
+is no memory:// for the command line: init reported a volume created and
+kept nothing (engine tests build a MemoryStore themselves). A CachingStore
+goes on top when a cache
 directory is given; for S3 stores it is on by default (under
 ~/.cache/sealfs/<hash of the URL>), so that re-reading a hot file sends no
 request. Messages never echo a URL beyond its scheme: URLs may carry credentials.
@@ -25,7 +27,6 @@ from sealfs.errors import ConfigError
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
-from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of sealed chunks
@@ -33,14 +34,22 @@ DEFAULT_STORE_TIMEOUT = 300.0  # seconds a store request may keep failing before
 # An S3 request is retried until store_timeout runs out, not after a fixed count.
 S3_RETRY_ATTEMPTS = 1_000_000
 S3_MAX_BACKOFF = 5.0
-SUPPORTED_FORMS = "a directory path, file:///absolute/path, s3://bucket/prefix or memory://"
+SUPPORTED_FORMS = "a directory path, file:///absolute/path or s3://bucket/prefix"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# A scheme we know without its "//": taken for a relative path, "file:/x" made a
+# directory named "file:" and a mistyped S3 URL a local volume.
+_SLASHLESS_RE = re.compile(r"^(file|s3):(?!//)", re.IGNORECASE)
 
 
 def _scheme(url: str) -> str:
     """The URL's scheme in lower case, or "" for a plain path."""
     if not url:
         raise ConfigError(f"empty store URL: give {SUPPORTED_FORMS}")
+    if slashless := _SLASHLESS_RE.match(url):
+        raise ConfigError(
+            f"store URL {slashless.group(1)}: needs '//' ({SUPPORTED_FORMS}); for a"
+            " directory of that name write ./ before it"
+        )
     match = _SCHEME_RE.match(url)
     return match.group(1).lower() if match else ""
 
@@ -58,6 +67,8 @@ def local_path(url: str) -> Path:
     if scheme != "file":
         raise ConfigError(f"{scheme}:// is not a local store URL")
     parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise ConfigError("file:// store URLs take no '?' or '#' part: escape them as %3F, %23")
     if parts.netloc not in ("", "localhost"):
         raise ConfigError("file:// store URLs must name a local path: file:///absolute/path")
     path = unquote(parts.path)
@@ -147,8 +158,6 @@ def open_store(
     store: ObjectStore
     if scheme in ("", "file"):
         store = RetryingStore(LocalStore(local_path(url)), deadline=store_timeout)
-    elif scheme == "memory":
-        store = MemoryStore()
     elif scheme == "s3":
         from sealfs.store.s3 import S3Store  # noqa: PLC0415 - boto3 is slow to import
 

@@ -155,6 +155,63 @@ def test_mountpoint_that_is_a_file(vol: VolumeEnv, tmp_path: Path) -> None:
     assert "not a directory" in err
 
 
+def test_mountpoint_that_is_not_empty(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: the mount hid the directory's files, silently."""
+    target = tmp_path / "full"
+    target.mkdir()
+    (target / "f").write_text("hidden by a mount")
+    result = sealfs(
+        "mount", str(vol.store), str(target), "--passphrase-file", str(vol.passfile),
+        "--log-file", str(vol.log),
+    )  # fmt: skip
+    assert "is not empty" in one_line(result, USAGE)
+    assert not os.path.ismount(target)
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "inside-mountpoint"])
+def test_log_file_that_cannot_serve_is_refused_before_mounting(
+    vol: VolumeEnv, tmp_path: Path, where: str
+) -> None:
+    """Regression: the daemon opened its log after the kernel mount existed. A log in a
+    missing directory left a dead mount and two lines; one inside the mountpoint made
+    the daemon wait on its own mount, and `sealfs mount` never returned."""
+    log = tmp_path / "no-such-dir" / "log" if where == "missing-dir" else vol.mnt / "log"
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--log-file", str(log))
+    err = one_line(result, USAGE)
+    assert ("cannot open log file" if where == "missing-dir" else "inside the mountpoint") in err
+    assert not os.path.ismount(vol.mnt) and not log.exists()
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--commit-interval", "nan"], ["--commit-interval", "inf"], ["--store-timeout", "nan"]],
+)
+def test_seconds_that_are_not_finite_are_refused(vol: VolumeEnv, option: list[str]) -> None:
+    """Regression: NaN passed the `<= 0` check; --commit-interval nan wedged the mount."""
+    result = mount(vol, "--passphrase-file", str(vol.passfile), *option)
+    assert f"{option[0]} must be a positive number of seconds" in one_line(result, USAGE)
+    assert not os.path.ismount(vol.mnt)
+
+
+def test_umount_timeout_must_be_a_number_of_seconds(vol: VolumeEnv) -> None:
+    result = sealfs("umount", str(vol.mnt), "--timeout", "nan")
+    assert "--timeout must be a zero or more number of seconds" in one_line(result, USAGE)
+
+
+@pytest.mark.parametrize("url", ["memory://", "file:{dir}/vol", "s3:/bucket/vol"])
+def test_store_urls_that_would_keep_nothing_or_land_elsewhere(
+    vol: VolumeEnv, tmp_path: Path, url: str
+) -> None:
+    """Regression: memory:// made a volume that vanished with the command, and a scheme
+    without '//' was a relative path (a directory named 'file:' in the current one)."""
+    result = sealfs(
+        "init", url.format(dir=tmp_path), "--passphrase-file", str(vol.passfile), *CHEAP_KDF,
+        cwd=tmp_path,
+    )  # fmt: skip
+    one_line(result, USAGE)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.fuse
 def test_busy_mountpoint_and_second_writer(volume_env: VolumeEnv, tmp_path: Path) -> None:
     """Regression (busy mountpoint): it exited 2, while the README documents 5."""

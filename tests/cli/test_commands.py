@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
 
 pytestmark = pytest.mark.fuse
 
-USAGE, BUSY = 2, 5
+FAILURE, USAGE, BUSY = 1, 2, 5
 
 
 def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -83,6 +85,43 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
 def test_umount_of_a_directory_that_is_not_mounted(tmp_path: Path) -> None:
     err = one_line(sealfs("umount", str(tmp_path)), USAGE)
     assert "not mounted" in err
+
+
+def test_a_mount_whose_daemon_died_is_cleared_by_umount(mounted_env: VolumeEnv) -> None:
+    """Regression: a mount whose daemon died answers ENOTCONN, which os.path.ismount took
+    for "not mounted": umount and sync said so, mount said the mountpoint did not exist,
+    and nothing of sealfs could clear it."""
+    env = mounted_env
+    (env.mnt / "kept").write_text("committed")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    for pid in env.daemon_pids():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while env.daemon_pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert env.is_mounted() and not env.daemon_pids()
+    assert "has died" in one_line(sealfs("sync", str(env.mnt)), FAILURE)
+    assert "has died" in one_line(sealfs("status", str(env.mnt)), USAGE)
+    again = sealfs(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    assert f"run 'sealfs umount {env.mnt}'" in one_line(again, BUSY)
+    assert "removed the stale mount" in one_line(sealfs("umount", str(env.mnt)), FAILURE)
+    assert not env.is_mounted()
+    env.mount()
+    assert (env.mnt / "kept").read_text() == "committed"
+
+
+def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
+    """Regression: `sealfs sync` on another file system's mount returned 0, silently."""
+    target = tmp_path / "tmpfs"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=True)
+    try:
+        assert "is not a sealfs mount" in one_line(sealfs("sync", str(target)), USAGE)
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
 
 
 def test_umount_with_an_open_file_is_busy_on_stderr_then_succeeds(mounted_env: VolumeEnv) -> None:

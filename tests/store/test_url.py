@@ -9,7 +9,6 @@ import pytest
 from sealfs.errors import ConfigError
 from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
-from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
 from sealfs.store.s3 import S3Store
 from sealfs.store.url import is_local_url, local_path, open_store
@@ -33,9 +32,24 @@ def test_file_url_with_cache(tmp_path: Path) -> None:
     assert store.inner.inner.root == tmp_path / "my vol"
 
 
-def test_memory_url() -> None:
-    assert isinstance(open_store("memory://"), MemoryStore)
-    assert not is_local_url("memory://")
+def test_memory_url_is_refused() -> None:
+    """Regression: `sealfs init memory://` reported a volume created and kept nothing."""
+    with pytest.raises(ConfigError, match="unsupported store URL scheme memory://"):
+        open_store("memory://")
+
+
+@pytest.mark.parametrize("url", ["file:/tmp/vol", "s3:/bucket/x", "S3:bucket"])
+def test_a_known_scheme_without_its_slashes_is_refused(url: str) -> None:
+    """Regression: such a URL was taken for a relative path (a directory named 'file:')."""
+    with pytest.raises(ConfigError, match="needs '//'"):
+        open_store(url)
+
+
+def test_a_file_url_with_a_query_or_fragment_is_refused(tmp_path: Path) -> None:
+    """Regression: the '?x#y' of a file URL was dropped silently."""
+    with pytest.raises(ConfigError, match="no '\\?' or '#' part"):
+        local_path(f"file://{tmp_path}/a?x#y")
+    assert local_path(f"file://{tmp_path}/a%3Fx%23y") == tmp_path / "a?x#y"
 
 
 def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
@@ -62,7 +76,7 @@ def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:
     assert "hunter2" not in message
     assert "ftp://" in message
     assert "file:///" in message
-    assert "memory://" in message
+    assert "s3://" in message
 
 
 @pytest.mark.parametrize("url", ["", "file://otherhost/vol", "file://relative"])
