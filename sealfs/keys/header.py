@@ -157,10 +157,13 @@ def _split(data: bytes) -> bytes:
     if version != FORMAT_VERSION:
         raise UnsupportedVersionError(
             f"volume format version {version} is not supported by this build "
-            f"(reads version {FORMAT_VERSION})"
+            f"(reads version {FORMAT_VERSION}): use a sealfs that reads it"
         )
     if body_len > MAX_BODY_SIZE or len(data) != _PREFIX.size + body_len + MAC_SIZE:
-        raise FormatError(f"volume header length does not match its body length {body_len}")
+        raise FormatError(
+            f"volume header is damaged (its length does not match its body length {body_len}):"
+            " restore sealfs.vol from a backup"
+        )
     return data[_PREFIX.size : _PREFIX.size + body_len]
 
 

@@ -325,8 +325,12 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
     if isinstance(secret, Passphrase | RecoveryKey):
         opened = _try_slots(header, secret)
         if opened is None:
-            what = "passphrase" if isinstance(secret, Passphrase) else "recovery key"
-            raise WrongKeyError(f"wrong {what}: no keyslot opens with it")
+            if isinstance(secret, Passphrase):
+                raise WrongKeyError(
+                    "wrong passphrase: no keyslot opens with it (check the passphrase file,"
+                    " or unlock with --recovery-key-file)"
+                )
+            raise WrongKeyError("wrong recovery key: no keyslot opens with it")
     else:
         opened = _try_opener(header, secret)
     slot_id, master_key = opened
