@@ -11,7 +11,14 @@ from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphr
 from sealfs.cli.secrets import get_passphrase, write_new_secret_file
 from sealfs.cli.unlock import add_s3_options
 from sealfs.errors import ConfigError
-from sealfs.keys.kdf import MIN_MEMORY_KIB, Argon2Params, calibrate
+from sealfs.keys.kdf import (
+    MAX_ITERATIONS,
+    MAX_MEMORY_KIB,
+    MIN_ITERATIONS,
+    MIN_MEMORY_KIB,
+    Argon2Params,
+    calibrate,
+)
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
 from sealfs.store.url import is_s3_url, open_store
 from sealfs.volume.loader import create_volume
@@ -36,22 +43,42 @@ def add_kdf_options(p: argparse.ArgumentParser) -> None:
         "--kdf-memory",
         type=int,
         metavar="MIB",
-        help=f"Argon2id memory in MiB (at least {MIN_MEMORY_KIB // 1024}; default: calibrated)",
+        help=f"Argon2id memory in MiB ({MIN_MEMORY_KIB // 1024} to {MAX_MEMORY_KIB // 1024};"
+        " default: calibrated)",
     )
     p.add_argument(
         "--kdf-iterations",
         type=int,
         metavar="N",
-        help="Argon2id passes (default: calibrated to about 0.5 s)",
+        help=f"Argon2id passes ({MIN_ITERATIONS} to {MAX_ITERATIONS};"
+        " default: calibrated to about 0.5 s)",
     )
+
+
+def check_kdf_options(args: argparse.Namespace) -> None:
+    """Refuse KDF options outside the limits kdf.check_params enforces. Raises ConfigError.
+
+    Checked before any prompt, unlock or calibration: kdf.py would refuse the same
+    values later, but as a weak or hostile volume header (exit 4, no option named),
+    since there the parameters come from an untrusted store, not from the user.
+    """
+    low, high = MIN_MEMORY_KIB // 1024, MAX_MEMORY_KIB // 1024
+    if args.kdf_memory is not None and not low <= args.kdf_memory <= high:
+        raise ConfigError(
+            f"--kdf-memory must be between {low} and {high} MiB, not {args.kdf_memory}"
+        )
+    if args.kdf_iterations is not None and not (
+        MIN_ITERATIONS <= args.kdf_iterations <= MAX_ITERATIONS
+    ):
+        raise ConfigError(
+            f"--kdf-iterations must be between {MIN_ITERATIONS} and {MAX_ITERATIONS},"
+            f" not {args.kdf_iterations}"
+        )
 
 
 def kdf_params(args: argparse.Namespace) -> Argon2Params:
     """The Argon2id parameters the options of add_kdf_options ask for. Raises ConfigError."""
-    if args.kdf_memory is not None and args.kdf_memory * 1024 < MIN_MEMORY_KIB:
-        raise ConfigError(
-            f"--kdf-memory {args.kdf_memory} is below the minimum of {MIN_MEMORY_KIB // 1024} MiB"
-        )
+    check_kdf_options(args)
     if args.kdf_memory is not None and args.kdf_iterations is not None:
         return Argon2Params(args.kdf_memory * 1024, args.kdf_iterations, 4, os.urandom(16))
     if args.kdf_memory is not None:
@@ -63,6 +90,7 @@ def kdf_params(args: argparse.Namespace) -> Argon2Params:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_kdf_options(args)  # before the store is touched or a passphrase asked for
     store = open_store(args.store, s3_endpoint=args.s3_endpoint, default_cache=False)
     if is_s3_url(args.store):
         from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow

@@ -215,6 +215,7 @@ def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
 
 
 def run_add(args: argparse.Namespace) -> int:
+    init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
     store = store_from(args)
     unlocker = _unlocker(args, pin=False)
     if args.kind == KIND_RECOVERY:
@@ -274,6 +275,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_passwd(args: argparse.Namespace) -> int:
+    init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
     store = store_from(args)
 
     def edit(unlocked: Unlocked) -> bytes:
@@ -292,6 +294,7 @@ def run_passwd(args: argparse.Namespace) -> int:
 
 
 def run_rotate(args: argparse.Namespace) -> int:
+    init_cmd.check_kdf_options(args)  # accepted (shared options), so checked like the others
     store = store_from(args)
     with kms_clients(args) as clients:
 

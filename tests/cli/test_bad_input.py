@@ -267,6 +267,33 @@ def test_kdf_memory_below_minimum_is_refused(vol: VolumeEnv, tmp_path: Path) -> 
     assert not target.exists() or not any(target.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "limits"),
+    [
+        ("--kdf-iterations", "0", "between 1 and 1024"),
+        ("--kdf-iterations", "99999999", "between 1 and 1024"),
+        ("--kdf-memory", "4000000000", "between 64 and 4096 MiB"),
+    ],
+)
+def test_kdf_option_out_of_range_is_a_usage_error(
+    vol: VolumeEnv, tmp_path: Path, option: str, value: str, limits: str
+) -> None:
+    """Regression: kdf.py refused these as a weak or hostile header: exit 4, option unnamed."""
+    target = tmp_path / "new"
+    kdf = {"--kdf-memory": "64", "--kdf-iterations": "1", option: value}
+    options = [word for pair in kdf.items() for word in pair]
+    result = sealfs("init", str(target), "--passphrase-file", str(vol.passfile), *options)
+    err = one_line(result, USAGE)
+    assert f"{option} must be {limits}" in err, err
+    assert not target.exists() or not any(target.iterdir())
+    result = sealfs(
+        "key", "passwd", str(vol.store), "0", "--passphrase-file", str(vol.passfile),
+        "--new-passphrase-file", str(vol.passfile), *options,
+    )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert f"{option} must be {limits}" in err, err
+
+
 def test_empty_passphrase_file_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n")
