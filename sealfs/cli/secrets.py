@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import stat
 import sys
 import unicodedata
 from pathlib import Path
@@ -16,14 +17,59 @@ PASSPHRASE_ENV = "SEALFS_PASSPHRASE_FILE"  # noqa: S105 - a variable name, not a
 CREDENTIAL_NAME = "sealfs-passphrase"
 NEW_PASSPHRASE_ENV = "SEALFS_NEW_PASSPHRASE_FILE"  # noqa: S105 - a variable name
 NEW_PASSPHRASE_CREDENTIAL = "sealfs-new-passphrase"  # noqa: S105
+# Far above any passphrase, PIN or recovery key: a larger file is the wrong file.
+MAX_SECRET_FILE_BYTES = 64 * 1024
+
+
+def _not_regular(path: str | Path, what: str) -> ConfigError:
+    return ConfigError(
+        f"{what} file {path} is not a regular file (a pipe, device or directory):"
+        f" put the {what} in a regular file"
+    )
+
+
+def _open_regular_file(path: str | Path, what: str) -> int:
+    """A read-only descriptor of path, which must be a regular file. Raises ConfigError.
+
+    A device such as /dev/zero never ends, and opening a FIFO blocks until
+    someone writes to it: neither is opened at all (the stat), and O_NONBLOCK
+    keeps the open from hanging if path became a FIFO after the stat.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise _not_regular(path, what)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_regular(path, what)
+    return fd
+
+
+def _read_bounded(path: str | Path, what: str) -> bytes:
+    """The bytes of a regular file of at most MAX_SECRET_FILE_BYTES. Raises ConfigError."""
+    fd = _open_regular_file(path, what)
+    try:
+        with open(fd, "rb") as f:
+            data = f.read(MAX_SECRET_FILE_BYTES + 1)  # one more: tells "too large" from "full"
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise ConfigError(
+            f"{what} file {path} is larger than {MAX_SECRET_FILE_BYTES // 1024} KiB:"
+            f" give a file that holds only the {what}"
+        )
+    return data
 
 
 def read_secret_file(path: str | Path, what: str) -> bytes:
-    """The file's bytes without one trailing newline. Raises ConfigError."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    """The file's bytes without one trailing newline. Raises ConfigError.
+
+    Every secret the CLI reads from a file (passphrases, recovery keys, PINs)
+    comes through here, so each is bounded and must be a regular file.
+    """
+    data = _read_bounded(path, what)
     if data.endswith(b"\r\n"):
         data = data[:-2]
     elif data.endswith(b"\n"):

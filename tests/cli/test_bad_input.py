@@ -305,6 +305,38 @@ def test_empty_passphrase_file_is_refused(vol: VolumeEnv, tmp_path: Path) -> Non
     assert "empty" in err
 
 
+def secret_file_kinds(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Files no secret may be read from, each with the words its refusal must use."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a plain open() blocks forever
+    large = tmp_path / "large"
+    large.write_bytes(b"x" * (64 * 1024 + 1))
+    return {
+        "fifo": (fifo, "not a regular file"),
+        "device": (Path(os.devnull), "not a regular file"),
+        "directory": (tmp_path, "not a regular file"),
+        "too large": (large, "larger than 64 KiB"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too large"])
+@pytest.mark.parametrize(
+    "option", ["--passphrase-file", "--recovery-key-file", "--new-passphrase-file"]
+)
+def test_secret_file_must_be_a_small_regular_file(
+    vol: VolumeEnv, tmp_path: Path, option: str, kind: str
+) -> None:
+    """Regression: /dev/zero was read until MemoryError (a traceback), a FIFO blocked forever."""
+    path, words = secret_file_kinds(tmp_path)[kind]
+    unlock = ["--passphrase-file", str(vol.passfile)]
+    if option == "--new-passphrase-file":  # read after the unlock, before the header is written
+        args = ["key", "passwd", str(vol.store), "0", *unlock, *CHEAP_KDF, option, str(path)]
+    else:
+        args = ["status", str(vol.store), option, str(path)]
+    err = one_line(sealfs(*args, timeout=30), USAGE)
+    assert f"file {path} is {words}" in err, err
+
+
 def test_no_passphrase_source_and_no_terminal(vol: VolumeEnv, tmp_path: Path) -> None:
     err = one_line(mount(vol, env=clean_env()), USAGE)  # stdin is /dev/null
     assert "--passphrase-file" in err
