@@ -38,11 +38,11 @@ from sealfs.cli.secrets import (
     read_secret_file,
     secret_source,
 )
-from sealfs.errors import ConfigError, FormatError, KeyUnavailableError, WrongKeyError
+from sealfs.errors import ConfigError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import VolumeHeader, decode_header
 from sealfs.keys.hsm import Pin, Pkcs11Unlocker, TokenKey, create_token_key, pkcs11_slot_maker
 from sealfs.keys.kms import KmsClients, KmsUnlocker, boto3_client_factory, kms_slot_maker
-from sealfs.keys.recovery import parse_recovery_key
+from sealfs.keys.recovery import RecoveryKeyFormatError, parse_recovery_key
 from sealfs.keys.slots import (
     KIND_AWS_KMS,
     KIND_PKCS11,
@@ -176,11 +176,16 @@ def kms_clients(args: argparse.Namespace) -> KmsClients:
 
 
 def recovery_secret(path: str) -> RecoveryKey:
+    """The recovery key in the file at path. Raises WrongKeyError, ConfigError.
+
+    A mistyped key is a wrong key (exit 3), not a damaged volume. The error names
+    the file, never its text: that may be a passphrase given as the wrong file.
+    """
     text = read_secret_file(path, "recovery key").decode(errors="replace")
     try:
         return RecoveryKey(parse_recovery_key(text))
-    except FormatError as exc:  # a mistyped key is a wrong key (exit 3), not a damaged volume
-        raise WrongKeyError(f"{exc} (in {path})") from None
+    except RecoveryKeyFormatError as exc:
+        raise WrongKeyError(f"recovery key in {path} {exc.problem}: check the file") from None
 
 
 # --- choosing and trying

@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sealfs.cli.keysource import add_headless_options, unlock_header
-from sealfs.cli.secrets import get_passphrase, read_secret_file
+from sealfs.cli.keysource import add_headless_options, recovery_secret, unlock_header
+from sealfs.cli.secrets import get_passphrase
 from sealfs.cli.units import parse_size
-from sealfs.errors import FormatError, WrongKeyError
-from sealfs.keys.recovery import parse_recovery_key
-from sealfs.keys.slots import Passphrase, RecoveryKey, Secret
+from sealfs.keys.slots import Passphrase, Secret
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT, open_store
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
@@ -45,11 +43,7 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
 
 def secret_from(args: argparse.Namespace) -> Secret:
     if args.recovery_key_file:
-        text = read_secret_file(args.recovery_key_file, "recovery key").decode(errors="replace")
-        try:
-            return RecoveryKey(parse_recovery_key(text))
-        except FormatError as exc:  # a mistyped key is a wrong key (exit 3), not a damaged volume
-            raise WrongKeyError(f"{exc} (in {args.recovery_key_file})") from None
+        return recovery_secret(args.recovery_key_file)  # its errors never quote the key
     return Passphrase(get_passphrase(args.passphrase_file, confirm=False))
 
 

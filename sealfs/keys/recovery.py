@@ -23,6 +23,19 @@ _ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyz234567")
 _TEXT_CHARS = 55
 _SEPARATORS = re.compile(r"[\s\-]+")
 _PREFIX_RE = re.compile(r"^sfrk[\s\-]")
+FORMAT_HINT = f"{PREFIX}- then {_TEXT_CHARS} letters a-z and digits 2-7, in groups of {GROUP}"
+
+
+class RecoveryKeyFormatError(FormatError):
+    """A recovery key text that does not parse.
+
+    problem completes "recovery key ...", so that a caller can say where the
+    key came from; neither it nor the message quotes the text or its length.
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"recovery key {problem}")
+        self.problem = problem
 
 
 def generate_recovery_key() -> bytes:
@@ -46,8 +59,10 @@ def format_recovery_key(key: bytes) -> str:
 def parse_recovery_key(text: str) -> bytes:
     """Parse a typed recovery key; tolerant of case, whitespace and dashes.
 
-    Raises FormatError naming the problem: a character outside the alphabet,
-    the wrong length, or a checksum mismatch (a typo).
+    Raises RecoveryKeyFormatError naming the problem: not the format (a
+    character outside the alphabet, the wrong length) or a checksum mismatch
+    (a typo). The message never quotes the text: it may be, or be close to, a
+    secret (a passphrase file given as the recovery key file, a mistyped key).
     """
     text = text.strip().lower()
     # The prefix is optional. Base32 may itself start with "sfrk", so without
@@ -57,19 +72,10 @@ def parse_recovery_key(text: str) -> bytes:
     compact = _SEPARATORS.sub("", text)
     if len(compact) == len(PREFIX) + _TEXT_CHARS and compact.startswith(PREFIX):
         compact = compact[len(PREFIX) :]
-    bad = sorted(set(compact) - _ALPHABET)
-    if bad:
-        raise FormatError(
-            f"recovery key contains invalid character {bad[0]!r} "
-            "(only letters a-z and digits 2-7 are used)"
-        )
-    if len(compact) != _TEXT_CHARS:
-        raise FormatError(
-            f"recovery key has {len(compact)} characters, expected {_TEXT_CHARS} "
-            "after the sfrk- prefix"
-        )
+    if len(compact) != _TEXT_CHARS or not set(compact) <= _ALPHABET:
+        raise RecoveryKeyFormatError(f"is not in the recovery key format ({FORMAT_HINT})")
     raw = base64.b32decode(compact.upper() + "=")
     key, checksum = raw[:KEY_SIZE], raw[KEY_SIZE:]
     if checksum != _checksum(key):
-        raise FormatError("recovery key has a typo: checksum does not match")
+        raise RecoveryKeyFormatError("has a typo (its checksum does not match)")
     return key

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sealfs.keys.recovery import format_recovery_key
+from sealfs.keys.recovery import FORMAT_HINT, format_recovery_key
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
 
 USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
@@ -96,6 +96,27 @@ def test_recovery_key_typo_is_a_wrong_key_not_damage(vol: VolumeEnv, tmp_path: P
     typo.write_text(text[:at] + ("a" if text[at] != "a" else "b") + text[at + 1 :] + "\n")
     err = one_line(mount(vol, "--recovery-key-file", str(typo)), WRONG_KEY)
     assert "typo" in err
+
+
+@pytest.mark.parametrize("kind", ["passphrase", "bad character", "short"])
+def test_recovery_key_format_error_quotes_nothing_of_the_file(
+    vol: VolumeEnv, tmp_path: Path, kind: str
+) -> None:
+    """Regression: the error quoted the bad character, or gave the text's length."""
+    key = vol.recovery_file.read_text().strip()
+    text = {
+        "passphrase": vol.passfile.read_text(),
+        "bad character": key[:12] + "1" + key[13:],
+        "short": key[:20],
+    }[kind]
+    secret = tmp_path / "secret"
+    secret.write_text(text)
+    result = sealfs("status", str(vol.store), "--recovery-key-file", str(secret))
+    err = one_line(result, WRONG_KEY)
+    assert err == (
+        f"sealfs: recovery key in {secret} is not in the recovery key format"
+        f" ({FORMAT_HINT}): check the file"
+    )
 
 
 def test_recovery_key_file_opens_the_volume_readonly_status(vol: VolumeEnv) -> None:
