@@ -21,6 +21,7 @@ USAGE = 2  # bad arguments, options or configuration
 WRONG_KEY = 3  # no keyslot opens with the secret given
 DAMAGED = 4  # not a volume, tampered, corrupt or unsupported objects
 BUSY = 5  # another writer holds the volume, or the mountpoint is busy
+BUG = 70  # an unexpected exception: a bug in sealfs (EX_SOFTWARE of sysexits.h)
 
 _CODES: list[tuple[type[SealfsError], int]] = [
     (WrongKeyError, WRONG_KEY),

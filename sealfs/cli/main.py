@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from typing import NoReturn
 
 from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.exitcodes import FAILURE, USAGE, exit_code
+from sealfs.cli.exitcodes import BUG, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.errors import SealfsError
+
+DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, as every sealfs error is.
+
+    argparse prints the whole usage block (a dozen lines for mount) above the
+    message; the line names the command and where its usage is instead.
+    add_subparsers makes the command parsers of the parser's own class, so
+    they (and key's actions) inherit this.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -18,7 +35,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     Imports only the module that defines command (see sealfs.cli.commands).
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="sealfs", description="An encrypted filesystem whose store sees only sealed objects."
     )
     parser.add_argument("--version", action="version", version=f"sealfs {__version__}")
@@ -44,12 +61,59 @@ def command_in(argv: list[str]) -> str:
     return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
+def command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The parser of the (sub)command args chose, e.g. that of `key remove`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return command_parser(chosen, args)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed arguments; exits 2 with one line on a usage error.
+
+    Unknown options are reported by the command's own parser (parse_args would
+    blame the top one, "sealfs: unrecognized arguments"), so the line points
+    at the right --help.
+    """
+    parser = build_parser(command_in(argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def run(argv: list[str]) -> int:
+    """Parse argv and run its command (errors are main's to report)."""
+    args = parse(argv)
+    setup_logging(log_path=None, verbose=args.verbose)
+    code: int = args.run(args)
+    return code
+
+
+def report_bug(exc: Exception) -> int:
+    """One line for an exception no code path expected, instead of a traceback.
+
+    Every error sealfs means to raise is a SealfsError (or an OSError) with its
+    own message and code; anything else is a bug, and the line says so.
+    """
+    text = " ".join(str(exc).split()) or "(no message)"  # one line, even if the message is not
+    print(
+        f"sealfs: unexpected {type(exc).__name__}: {text}; this is a bug in sealfs;"
+        f" please report it (run with {DEBUG_ENV}=1 for the traceback)",
+        file=sys.stderr,
+    )
+    return BUG
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(command_in(argv)).parse_args(argv)
-    setup_logging(log_path=None, verbose=args.verbose)
     try:
-        code: int = args.run(args)
+        return run(argv)
     except SealfsError as exc:
         print(f"sealfs: {exc}", file=sys.stderr)
         return exit_code(exc)
@@ -59,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"sealfs: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return FAILURE
-    return code
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        return report_bug(exc)
 
 
 if __name__ == "__main__":

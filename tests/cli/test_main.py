@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
+from sealfs.cli import main as main_module
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.main import build_parser, command_in
+from sealfs.cli.exitcodes import BUG, BUSY, DAMAGED, FAILURE, USAGE, WRONG_KEY
+from sealfs.cli.main import DEBUG_ENV, build_parser, command_in, main
+from sealfs.errors import ConfigError, WrongKeyError
 from tests.mounts import sealfs
 
 
@@ -53,3 +57,76 @@ def test_mount_imports_no_other_command_and_not_rich() -> None:
     assert "sealfs.cli.mount_cmd" in modules
     unwanted = {"sealfs.cli.init_cmd", "sealfs.cli.key_cmd", "sealfs.cli.status_cmd", "rich"}
     assert unwanted & set(modules) == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "words"),
+    [
+        (["mount", "s", "m", "--commit-interval", "abc"], "mount", "invalid float value: 'abc'"),
+        (["mount", "s"], "mount", "required: mountpoint"),
+        (["key", "remove", "s", "x"], "key remove", "invalid int value: 'x'"),
+        (["key", "list", "s", "--bogus"], "key list", "unrecognized arguments: --bogus"),
+        (["key"], "key", "required: ACTION"),
+        ([], "", "required: COMMAND"),
+    ],
+)
+def test_usage_error_is_one_line_naming_the_command(
+    args: list[str], command: str, words: str
+) -> None:
+    """Regression: argparse printed the whole usage block (a dozen lines) above the error."""
+    result = sealfs(*args)
+    assert result.returncode == USAGE, result
+    err = result.stderr.strip()
+    assert "\n" not in err, err
+    prog = f"sealfs {command}".strip()
+    assert err.startswith(f"{prog}: ") and err.endswith(f"(see '{prog} --help')"), err
+    assert words in err, err
+
+
+def _raise(exc: BaseException) -> Callable[..., None]:
+    def raiser(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    return raiser
+
+
+def test_unexpected_exception_is_one_line_and_its_own_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: an exception no code path expected ended in a traceback."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.setattr(main_module, "setup_logging", _raise(RuntimeError("boom\nsecond line")))
+    assert main(["status", "store"]) == BUG
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("sealfs: unexpected RuntimeError: boom second line;"), err
+    assert "this is a bug in sealfs; please report it" in err
+    assert BUG not in (0, FAILURE, USAGE, WRONG_KEY, DAMAGED, BUSY)
+
+
+def test_debug_variable_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    monkeypatch.setattr(main_module, "setup_logging", _raise(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["status", "store"])
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (ConfigError("bad option"), USAGE),
+        (WrongKeyError("no"), WRONG_KEY),
+        (KeyboardInterrupt(), USAGE),
+    ],
+)
+def test_expected_errors_keep_their_codes(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    exc: BaseException,
+    code: int,
+) -> None:
+    """SealfsError and KeyboardInterrupt keep their codes, and are not called bugs."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.setattr(main_module, "setup_logging", _raise(exc))
+    assert main(["status", "store"]) == code
+    assert "bug" not in capsys.readouterr().err
