@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sealfs.cli.keysource import add_headless_options, recovery_secret, unlock_header
-from sealfs.cli.secrets import get_passphrase
+from sealfs.cli.keysource import add_headless_options, unlock_header
 from sealfs.cli.units import parse_size
-from sealfs.keys.slots import Passphrase, Secret
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT, open_store
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
@@ -39,12 +37,6 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-size", default="1G", help="upper bound of the cache directory (default 1G)"
     )
-
-
-def secret_from(args: argparse.Namespace) -> Secret:
-    if args.recovery_key_file:
-        return recovery_secret(args.recovery_key_file)  # its errors never quote the key
-    return Passphrase(get_passphrase(args.passphrase_file, confirm=False))
 
 
 def store_from(args: argparse.Namespace) -> ObjectStore:
