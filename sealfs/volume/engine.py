@@ -67,6 +67,14 @@ class Handle:
     flags: int
 
 
+@dataclass(eq=False)
+class DirHandle:
+    """An open directory: the listing a pass of readdir pages through."""
+
+    ino: int
+    listing: list[tuple[bytes, int]]
+
+
 class Volume:
     """One mounted volume. Use `async with volume.running():` around all calls."""
 
@@ -86,7 +94,7 @@ class Volume:
         self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)
         self.read_only = options.read_only
         self._nursery: trio.Nursery | None = None
-        self._handles: dict[int, Handle | list[tuple[bytes, int]]] = {}
+        self._handles: dict[int, Handle | DirHandle] = {}
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         self._opens: dict[int, int] = {}
@@ -604,22 +612,29 @@ class Volume:
     # -- directories -------------------------------------------------------------------
 
     async def opendir(self, ino: int) -> int:
-        entries = self._dir(ino).entries
-        assert entries is not None
+        self._dir(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = sorted(entries.items())
+        self._handles[fh] = DirHandle(ino, [])
         return fh
 
     async def readdir(self, fh: int, start: int, limit: int | None = None) -> list[DirEntry]:
-        """Entries from index start of the listing taken at opendir (names still present).
+        """Entries from index start of the listing (names whose inode still exists).
 
-        At most limit of them: a caller that takes a page at a time must not pay for
-        the whole rest of the directory on every page (quadratic in its size).
+        A pass starts at index 0 and takes the listing then: rewinddir(3) must show
+        the directory as it is now (the listing taken at opendir showed a poller
+        the names of its first pass forever). At most limit entries: a caller that
+        takes a page at a time must not pay for the rest of the directory on every
+        page (quadratic in its size).
         """
-        listing = self._handles.get(fh)
-        if not isinstance(listing, list):
+        handle = self._handles.get(fh)
+        if not isinstance(handle, DirHandle):
             raise FsError(errno.EBADF)
+        if start == 0:
+            directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
+            entries = directory.entries if directory is not None else None
+            handle.listing = sorted(entries.items()) if entries else []
+        listing = handle.listing
         out = []
         for index in range(start, len(listing)):
             name, ino = listing[index]
@@ -636,6 +651,7 @@ class Volume:
     # -- extended attributes -----------------------------------------------------------
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
+        _check_xattr_name(name)
         value = self.inode(ino).xattrs.get(name)
         if value is None:
             raise FsError(errno.ENODATA)
@@ -647,8 +663,7 @@ class Volume:
     async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
         self._writable()
         inode = self.inode(ino)
-        if not name or len(name) > XATTR_NAME_MAX:
-            raise FsError(errno.ERANGE)
+        _check_xattr_name(name)
         if len(value) > XATTR_SIZE_MAX:
             raise FsError(errno.E2BIG)
         if name == POSIX_ACL_ACCESS:
@@ -681,6 +696,7 @@ class Volume:
     async def removexattr(self, ino: int, name: bytes) -> None:
         self._writable()
         inode = self.inode(ino)
+        _check_xattr_name(name)
         if name in POSIX_ACL_XATTRS:
             return  # there is never one to remove, and ext4 succeeds then too
         if name not in inode.xattrs:
@@ -720,4 +736,14 @@ def _check_name(name: bytes) -> None:
     if len(name) > NAME_MAX:
         raise FsError(errno.ENAMETOOLONG)
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise FsError(errno.EINVAL)
+
+
+def _check_xattr_name(name: bytes) -> None:
+    """Refuse a name as Linux does: ERANGE if empty or too long, EINVAL if a namespace
+    has nothing after it ("user."). The kernel leaves all of it to a FUSE daemon."""
+    if not name or len(name) > XATTR_NAME_MAX:
+        raise FsError(errno.ERANGE)
+    _, dot, rest = name.partition(b".")
+    if dot and not rest:
         raise FsError(errno.EINVAL)

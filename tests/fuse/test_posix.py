@@ -608,6 +608,25 @@ def test_listing_while_entries_are_removed(mounted_env: VolumeEnv) -> None:
     os.rmdir(d)
 
 
+def test_listing_an_open_directory_again_shows_it_as_it_is_now(mounted_env: VolumeEnv) -> None:
+    """Regression: the listing was taken at opendir, so rewinddir (os.listdir of an open
+    descriptor) showed a poller the names of its first pass forever, new files missing
+    and renamed ones still there."""
+    d = mounted_env.mnt / "d"
+    d.mkdir()
+    for name in ("a", "b", "c"):
+        (d / name).write_bytes(b"")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert sorted(os.listdir(fd)) == ["a", "b", "c"]
+        (d / "new").write_bytes(b"")
+        os.unlink(d / "a")
+        os.rename(d / "b", d / "z")
+        assert sorted(os.listdir(fd)) == ["c", "new", "z"]
+    finally:
+        os.close(fd)
+
+
 # -- symlinks and hard links -------------------------------------------------------------
 
 
@@ -1095,6 +1114,9 @@ def test_xattrs_set_get_list_remove(mounted_env: VolumeEnv) -> None:
     assert_errno(errno.EEXIST, os.setxattr, f, "user.mime", b"x", os.XATTR_CREATE)
     assert_errno(errno.ENODATA, os.setxattr, f, "user.new", b"x", os.XATTR_REPLACE)
     assert_errno(errno.ERANGE, os.setxattr, f, "user." + "n" * 251, b"x")
+    assert_errno(errno.EINVAL, os.setxattr, f, "user.", b"x")  # a namespace, no name: as ext4
+    assert_errno(errno.EINVAL, os.getxattr, f, "user.")
+    assert_errno(errno.EINVAL, os.removexattr, f, "user.")
     assert_errno(errno.E2BIG, os.setxattr, f, "user.huge", bytes(65537))
     os.setxattr(f, "user.mime", b"application/json", os.XATTR_REPLACE)
     os.setxattr(f, "user.created", b"c", os.XATTR_CREATE)
