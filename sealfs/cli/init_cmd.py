@@ -20,7 +20,7 @@ from sealfs.keys.kdf import (
     calibrate,
 )
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
-from sealfs.store.url import is_s3_url, open_store
+from sealfs.store.url import check_local_directory, is_s3_url, open_store
 from sealfs.volume.loader import create_volume
 
 
@@ -91,6 +91,7 @@ def kdf_params(args: argparse.Namespace) -> Argon2Params:
 
 def run(args: argparse.Namespace) -> int:
     check_kdf_options(args)  # before the store is touched or a passphrase asked for
+    check_local_directory(args.store, existing=False)
     store = open_store(args.store, s3_endpoint=args.s3_endpoint, default_cache=False)
     if is_s3_url(args.store):
         from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow

@@ -8,7 +8,7 @@ from pathlib import Path
 from sealfs.cli.keysource import add_headless_options, unlock_header
 from sealfs.cli.units import parse_size
 from sealfs.store.base import ObjectStore
-from sealfs.store.url import DEFAULT_STORE_TIMEOUT, open_store
+from sealfs.store.url import DEFAULT_STORE_TIMEOUT, check_local_directory, open_store
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 
@@ -40,6 +40,7 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def store_from(args: argparse.Namespace) -> ObjectStore:
+    check_local_directory(args.store, existing=True)
     cache_dir = getattr(args, "cache_dir", None)
     size = parse_size(getattr(args, "cache_size", "1G"))
     return open_store(

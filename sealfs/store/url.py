@@ -77,6 +77,22 @@ def local_path(url: str) -> Path:
     return Path(os.path.normpath(path))
 
 
+def check_local_directory(url: str, *, existing: bool) -> None:
+    """For a local store URL, ConfigError if the path is not a directory, or is missing
+    when existing says it must be there. A file was reported as a failed write of an
+    internal object, and a mistyped path as "not a sealfs volume". Other URLs pass."""
+    if not is_local_url(url):
+        return
+    path = local_path(url)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"store {path} is not a directory: give the volume's directory")
+    if existing and not path.exists():
+        raise ConfigError(
+            f"store {path} does not exist: check the path (or create a volume there with"
+            " 'sealfs init')"
+        )
+
+
 def is_s3_url(url: str) -> bool:
     """Whether url names an S3 store. Raises ConfigError if empty."""
     return _scheme(url) == "s3"

@@ -140,6 +140,19 @@ def test_store_that_is_not_a_volume(vol: VolumeEnv, tmp_path: Path, contents: st
     assert fingerprint(store) == before
 
 
+def test_store_path_that_is_missing_or_a_file(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: a mistyped path was "not a sealfs volume" (exit 4), and init on a file
+    a failed write of l/0000000000000001 (exit 1)."""
+    missing, afile = tmp_path / "typo", tmp_path / "afile"
+    afile.write_text("not a directory")
+    for command in (["status"], ["key", "list"]):
+        result = sealfs(*command, str(missing), "--passphrase-file", str(vol.passfile))
+        assert "does not exist: check the path" in one_line(result, USAGE)
+    result = sealfs("init", str(afile), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
+    assert "is not a directory" in one_line(result, USAGE)
+    assert afile.read_text() == "not a directory" and not missing.exists()
+
+
 def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
     result = sealfs("init", str(vol.store), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
     err = one_line(result, None)
