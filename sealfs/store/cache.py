@@ -1,7 +1,10 @@
 """CachingStore: a read-through, write-through disk cache of chunk objects.
 
-Only names under "c/" are cached: chunks are immutable, so a cached copy never
-goes stale. The header, log segments and snapshots always go to the store. The
+Only names under "c/" are cached: a chunk's content never changes, and the one
+replacement of a chunk (a rekey re-sealing it in place) goes through this
+store, which updates the copy. A fetch that a write overlaps does not fill the
+cache (it may hold the bytes from before the write). The header, log segments
+and snapshots always go to the store. The
 cache holds exactly the sealed bytes the store holds (file cache_dir/c/ab/id
 for object c/ab/id), never plaintext. Size is bounded by LRU eviction; the
 index (sizes and access order) lives in memory and is rebuilt from the
@@ -22,7 +25,7 @@ import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 from sealfs.errors import ConfigError
@@ -53,6 +56,9 @@ class CachingStore:
         self.cache_dir = Path(cache_dir)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        # Fetches in flight per name, and the names a write overlapped while fetched.
+        self._fills: Counter[str] = Counter()
+        self._stale: set[str] = set()
         self._entries: OrderedDict[str, int] = OrderedDict()  # name -> size, oldest first
         self._total = 0
         self._last_warning: float | None = None
@@ -109,6 +115,8 @@ class CachingStore:
 
     def _forget(self, name: str) -> None:
         with self._lock:
+            if name in self._fills:
+                self._stale.add(name)
             size = self._entries.pop(name, None)
             if size is None:
                 return
@@ -146,8 +154,11 @@ class CachingStore:
             os.utime(path)  # so that the LRU order survives a restart
         return data
 
-    def _store(self, name: str, data: bytes) -> None:
-        """Put a copy in the cache; on any OSError, warn once and carry on uncached."""
+    def _store(self, name: str, data: bytes, *, fill: bool = False) -> None:
+        """Put a copy in the cache; on any OSError, warn once and carry on uncached.
+
+        fill: data was fetched by get, and is dropped if a write overlapped that fetch.
+        """
         size = len(data)
         if size > self.max_bytes:
             return
@@ -156,6 +167,9 @@ class CachingStore:
         try:
             _write_file(tmp, data)
             with self._lock:
+                if fill and name in self._stale:
+                    os.unlink(tmp)  # a write overlapped this fetch: the data may be older
+                    return
                 os.replace(tmp, path)
                 old = self._entries.pop(name, None)
                 self._total += size - (old or 0)
@@ -189,8 +203,17 @@ class CachingStore:
         validate_name(name)
         data = self._read_cached(name)
         if data is None:
-            data = self.inner.get(name)
-            self._store(name, data)
+            with self._lock:
+                self._fills[name] += 1
+            try:
+                data = self.inner.get(name)
+                self._store(name, data, fill=True)
+            finally:
+                with self._lock:
+                    self._fills[name] -= 1
+                    if not self._fills[name]:
+                        del self._fills[name]
+                        self._stale.discard(name)
         return data
 
     def stat(self, name: str) -> ObjectInfo:
@@ -221,6 +244,9 @@ class CachingStore:
 
     def _after_write(self, name: str, data: bytes) -> None:
         if is_cached_name(name):
+            with self._lock:
+                if name in self._fills:
+                    self._stale.add(name)  # a fetch in flight may hold the old bytes
             self._store(name, data)
 
     def delete(self, name: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,32 @@ def test_delete_and_discard_drop_the_cached_copy(tmp_path: Path) -> None:
     assert store.get("c/ab/y") == b"y"
     assert memory.counts["get"] == 2
     assert store.cache_bytes() == 1
+
+
+def test_a_fetch_that_a_replace_overlaps_does_not_fill_the_cache(tmp_path: Path) -> None:
+    """Regression: a miss fetched the old bytes, a replace (a rekey re-sealing the chunk)
+    cached the new ones, and the miss then cached the old bytes over them."""
+    fetched, replaced = threading.Event(), threading.Event()
+
+    class Gated(MemoryStore):
+        def get(self, name: str) -> bytes:
+            data = super().get(name)
+            fetched.set()
+            assert replaced.wait(10)
+            return data
+
+    inner = Gated()
+    store = CachingStore(inner, tmp_path / "cache", 1 << 20)
+    inner.put("c/ab/x", b"old sealed bytes")
+    reader = threading.Thread(target=store.get, args=("c/ab/x",))
+    reader.start()
+    assert fetched.wait(10)
+    store.put("c/ab/x", b"NEW sealed bytes")
+    replaced.set()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert (store.cache_dir / "c/ab/x").read_bytes() == b"NEW sealed bytes"
+    assert store.get("c/ab/x") == b"NEW sealed bytes"
 
 
 def test_wrong_length_cache_file_falls_back_to_store(
