@@ -96,29 +96,30 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def is_dead_mount(path: str) -> bool:
-    """Whether path is a FUSE mount whose daemon is gone (every request fails ENOTCONN).
+def _answers(mountpoint: str) -> bool:
+    """False for a FUSE mount whose daemon is gone (every request fails ENOTCONN).
 
     statfs, not stat: the kernel may answer a stat of the root from its cache."""
     try:
-        os.statvfs(path)
+        os.statvfs(mountpoint)
     except OSError as exc:
-        return exc.errno == errno.ENOTCONN and is_mounted(path)
-    return False
+        return exc.errno != errno.ENOTCONN
+    return True
 
 
 def _check_mountpoint(mountpoint: str) -> None:
-    if is_dead_mount(mountpoint):
-        raise MountpointBusyError(
-            f"mountpoint {mountpoint} holds a mount whose daemon died:"
-            f" run 'sealfs umount {mountpoint}' first"
-        )
+    # Mounted first: a dead mount fails every stat, so it would look like no directory.
+    if is_mounted(mountpoint):
+        if not _answers(mountpoint):
+            raise MountpointBusyError(
+                f"mountpoint {mountpoint} holds a mount whose daemon died:"
+                f" run 'sealfs umount {mountpoint}' first"
+            )
+        raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
     if not os.path.exists(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory")
-    if is_mounted(mountpoint):
-        raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
     with os.scandir(mountpoint) as entries:
         if next(entries, None) is not None:
             raise ConfigError(
