@@ -150,8 +150,8 @@ def _log_path(given: str | None, mountpoint: str) -> str:
         (state / "sealfs").mkdir(parents=True, exist_ok=True)
         given = str(state / "sealfs" / "sealfs.log")
     path = os.path.abspath(given)
-    real = os.path.realpath(path)
-    if os.path.commonpath([real, os.path.realpath(mountpoint)]) == os.path.realpath(mountpoint):
+    mount_real = os.path.realpath(mountpoint)
+    if os.path.commonpath([os.path.realpath(path), mount_real]) == mount_real:
         raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")
     try:
         with open(path, "a", encoding="utf-8"):
@@ -175,7 +175,7 @@ def commit_mount(mnt: str) -> None:
         os.close(fd)
 
 
-def _live_status(mnt: str) -> dict[str, object] | None:
+def live_status(mnt: str) -> dict[str, object] | None:
     """The status of the sealfs mount on mnt, or None if its daemon has died.
 
     Raises ConfigError if nothing is mounted there or the mount is not sealfs.
@@ -192,7 +192,7 @@ def _live_status(mnt: str) -> dict[str, object] | None:
 
 def run_sync(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
-    if _live_status(mnt) is None:
+    if live_status(mnt) is None:
         print(f"sealfs: the daemon of {mnt} has died: run 'sealfs umount {mnt}'",
               file=sys.stderr)  # fmt: skip
         return FAILURE
@@ -207,7 +207,7 @@ def run_sync(args: argparse.Namespace) -> int:
 def run_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
     _seconds(args.timeout, "--timeout", zero=True)
-    status = _live_status(mnt)
+    status = live_status(mnt)
     if status is None:
         _fusermount(mnt, lazy=True)
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."

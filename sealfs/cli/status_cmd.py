@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import errno
 import json
 from typing import Any
 
@@ -12,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.mount_cmd import live_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import ConfigError
@@ -32,16 +31,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
     if is_mounted(args.target):
-        try:
-            return read_status(args.target)
-        except OSError as exc:
-            if exc.errno == errno.ENOTCONN:
-                raise ConfigError(
-                    f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
-                ) from None
+        status = live_status(args.target)
+        if status is None:
             raise ConfigError(
-                f"{args.target} does not answer as a sealfs mount: {exc.strerror}"
-            ) from None
+                f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
+            )
+        return status
     args.store = args.target
     volume = Volume(unlock_store(args), VolumeOptions(read_only=True))
     status = volume_status(volume)
