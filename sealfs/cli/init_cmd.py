@@ -77,8 +77,8 @@ def check_kdf_options(args: argparse.Namespace) -> None:
 
 
 def kdf_params(args: argparse.Namespace) -> Argon2Params:
-    """The Argon2id parameters the options of add_kdf_options ask for. Raises ConfigError."""
-    check_kdf_options(args)
+    """The Argon2id parameters the options of add_kdf_options ask for, once
+    check_kdf_options has passed them (every command does so before it prompts)."""
     if args.kdf_memory is not None and args.kdf_iterations is not None:
         return Argon2Params(args.kdf_memory * 1024, args.kdf_iterations, 4, os.urandom(16))
     if args.kdf_memory is not None:
