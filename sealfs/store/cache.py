@@ -115,8 +115,7 @@ class CachingStore:
 
     def _forget(self, name: str) -> None:
         with self._lock:
-            if name in self._fills:
-                self._stale.add(name)
+            self._overlap_fetches(name)
             size = self._entries.pop(name, None)
             if size is None:
                 return
@@ -245,9 +244,14 @@ class CachingStore:
     def _after_write(self, name: str, data: bytes) -> None:
         if is_cached_name(name):
             with self._lock:
-                if name in self._fills:
-                    self._stale.add(name)  # a fetch in flight may hold the old bytes
+                self._overlap_fetches(name)
             self._store(name, data)
+
+    def _overlap_fetches(self, name: str) -> None:
+        """A write or removal of name (lock held): fetches of it in flight may hold
+        the bytes from before it, so they must not fill the cache."""
+        if name in self._fills:
+            self._stale.add(name)
 
     def delete(self, name: str) -> None:
         """Delete from the store, then drop the cached copy."""
