@@ -4,9 +4,9 @@ A regular file's bytes come from three layers, newest on top: its dirty
 buffer (written, not yet flushed), its flushing buffer (detached by a flush
 that is sealing it right now), and its extent map (sealed chunks). A flush
 re-chunks only the written ranges plus those small neighbouring pieces that
-are tiny or no longer than what it brings (see _regions), so a small write
-never rewrites a large chunk and fragments are merged back without
-re-sealing the same bytes at every commit.
+are at most twice as long as what it seals, or short fragments inside the
+file (see _regions), so a small write never rewrites a large chunk and
+fragments are merged back without re-sealing the same bytes at every commit.
 
 A flush that must seal a file up to its end (a commit) cuts its last chunk
 where the data happens to end, not where the content says. The file
