@@ -14,7 +14,7 @@ import trio.testing
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
 from sealfs.errors import IntegrityError
-from sealfs.meta.extents import Extent
+from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
@@ -94,10 +94,19 @@ def chunk_objects(store: ObjectStore) -> set[str]:
     return set(store.list("c/"))
 
 
-def chunk_ids(volume: Volume, ino: int) -> list[bytes]:
+def extent_map(volume: Volume, ino: int) -> ExtentMap:
     extents = volume.inode(ino).extents
     assert extents is not None
-    return [e.chunk for e in extents]
+    return extents
+
+
+def chunk_ids(volume: Volume, ino: int) -> list[bytes]:
+    return [e.chunk for e in extent_map(volume, ino)]
+
+
+async def reads_after_remount(store: ObjectStore, ino: int) -> bytes:
+    async with session(store) as v:
+        return await read_all(v, ino)
 
 
 def stream(seed: int, size: int) -> bytes:
@@ -371,23 +380,23 @@ async def test_small_writes_merge_small_extents(volume_store: ObjectStore) -> No
 
 async def overwrite_largest_extent(
     v: Volume, data: bytes, *writes: tuple[int, bytes]
-) -> tuple[int, Extent, int]:
+) -> tuple[int, Extent, int, bytes]:
     """Commit data as a new file, then commit writes of (bytes into its largest extent,
-    piece). Returns the inode, that extent as it was, and the bytes the second commit
-    uploaded."""
+    piece). Returns the inode, that extent as it was, the bytes the second commit
+    uploaded, and the file's content expected after the writes."""
     f = await mkfile(v, ROOT_INO, b"f", data)
     await v.fsync()
-    extents = v.inode(f).extents
-    assert extents is not None
-    big = max(extents, key=lambda e: e.length)
+    big = max(extent_map(v, f), key=lambda e: e.length)
     assert big.length >= MIN_CHUNK
     uploaded = v.chunks.uploaded_bytes
+    expect = bytearray(data)
     fh = await v.open(f, RW)
     for into, piece in writes:
         await v.write(fh, big.start + into, piece)
+        expect[big.start + into : big.start + into + len(piece)] = piece
     await v.release(fh)
     await v.fsync()
-    return f, big, v.chunks.uploaded_bytes - uploaded
+    return f, big, v.chunks.uploaded_bytes - uploaded, bytes(expect)
 
 
 async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
@@ -399,17 +408,12 @@ async def test_a_small_overwrite_leaves_a_large_remainder_in_place(
     at most twice as long as the region."""
     data, piece, left = stream(18, 4 * MiB), b"p" * 4096, FRAGMENT + 4096
     async with session(volume_store, commit_interval=3600.0) as v:
-        f, big, uploaded = await overwrite_largest_extent(v, data, (left, piece))
+        f, big, uploaded, expect = await overwrite_largest_extent(v, data, (left, piece))
         assert big.length - left - len(piece) > FRAGMENT  # the right remainder stays too
         assert uploaded < FRAGMENT
-        extents = v.inode(f).extents
-        assert extents is not None
-        assert extents.covering(big.start) == Extent(big.start, left, big.chunk, 0)
-        at = big.start + left
-        expect = data[:at] + piece + data[at + len(piece) :]
+        assert extent_map(v, f).covering(big.start) == Extent(big.start, left, big.chunk, 0)
         assert await read_all(v, f) == expect
-    async with session(volume_store) as v:
-        assert await read_all(v, f) == expect
+    assert await reads_after_remount(volume_store, f) == expect
 
 
 async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
@@ -420,21 +424,17 @@ async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
     left = FRAGMENT + 8192
     data, piece = stream(19, 4 * MiB), stream(20, left // 2)
     async with session(volume_store, commit_interval=3600.0) as v:
-        f, big, uploaded = await overwrite_largest_extent(v, data, (left, piece))
+        f, big, uploaded, expect = await overwrite_largest_extent(v, data, (left, piece))
         end = left + len(piece)
         assert big.length - end > 2 * FRAGMENT  # the right remainder stays
         assert uploaded >= end
-        extents = v.inode(f).extents
-        assert extents is not None
+        extents = extent_map(v, f)
         first = extents.covering(big.start)
         assert first is not None and first.chunk != big.chunk and first.end >= big.start + end
         rest = Extent(big.start + end, big.length - end, big.chunk, end)
         assert extents.covering(big.start + end) == rest
-        at = big.start + left
-        expect = data[:at] + piece + data[at + len(piece) :]
         assert await read_all(v, f) == expect
-    async with session(volume_store) as v:
-        assert await read_all(v, f) == expect
+    assert await reads_after_remount(volume_store, f) == expect
 
 
 async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
@@ -446,12 +446,13 @@ async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
     first, second = stream(22, 4096), stream(23, 4096)
     after = left + len(first) + gap
     async with session(volume_store, commit_interval=3600.0) as v:
-        f, big, uploaded = await overwrite_largest_extent(v, data, (left, first), (after, second))
+        f, big, uploaded, expect = await overwrite_largest_extent(
+            v, data, (left, first), (after, second)
+        )
         end = after + len(second)
         assert big.length - end > FRAGMENT  # both outer remainders stay
         assert uploaded < FRAGMENT
-        extents = v.inode(f).extents
-        assert extents is not None
+        extents = extent_map(v, f)
         assert extents.covering(big.start) == Extent(big.start, left, big.chunk, 0)
         middle = extents.covering(big.start + left)
         assert middle is not None
@@ -459,13 +460,8 @@ async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
         assert extents.covering(big.start + end) == Extent(
             big.start + end, big.length - end, big.chunk, end
         )
-        at = big.start + left
-        expect = bytearray(data)
-        expect[at : at + len(first)] = first
-        expect[big.start + after : big.start + end] = second
         assert await read_all(v, f) == expect
-    async with session(volume_store) as v:
-        assert await read_all(v, f) == expect
+    assert await reads_after_remount(volume_store, f) == expect
 
 
 @pytest.mark.parametrize("long_write", [False, True])
@@ -479,9 +475,7 @@ async def test_a_write_from_inside_the_last_piece_past_the_end(
     async with session(volume_store, commit_interval=3600.0) as v:
         f = await mkfile(v, ROOT_INO, b"f", data)
         await v.fsync()
-        extents = v.inode(f).extents
-        assert extents is not None
-        last = extents.covering(0)
+        last = extent_map(v, f).covering(0)
         assert last is not None
         assert last == Extent(0, len(data), last.chunk, 0)  # one piece, cut at the end
         head = last.length // 3 if long_write else last.length - 2048
@@ -492,17 +486,14 @@ async def test_a_write_from_inside_the_last_piece_past_the_end(
         await v.fsync()
         expect = data[: last.start + head] + piece
         assert v.inode(f).size == len(expect) > len(data)
-        extents = v.inode(f).extents
-        assert extents is not None
-        first = extents.covering(last.start)
+        first = extent_map(v, f).covering(last.start)
         assert first is not None
         if long_write:
             assert first.chunk != last.chunk and first.end > last.start + head
         else:
             assert first == Extent(last.start, head, last.chunk, 0)
         assert await read_all(v, f) == expect
-    async with session(volume_store) as v:
-        assert await read_all(v, f) == expect
+    assert await reads_after_remount(volume_store, f) == expect
 
 
 async def test_waiting_for_a_file_to_be_idle_waits_for_a_flush_started_meanwhile(
