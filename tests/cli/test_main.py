@@ -59,6 +59,17 @@ def test_mount_imports_no_other_command_and_not_rich() -> None:
     assert unwanted & set(modules) == set()
 
 
+def test_python_dash_m_sealfs_is_the_sealfs_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sealfs", "status", "/nonexistent/sealfs-store"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == USAGE, done.stderr
+    assert done.stderr.startswith("sealfs: "), done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "command", "words"),
     [
