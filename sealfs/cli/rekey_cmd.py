@@ -28,7 +28,7 @@ from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_h
 from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.crypto.subkeys import derive_subkeys
-from sealfs.errors import ConfigError, WriterConflictError
+from sealfs.errors import ConfigError, SealfsError, WriterConflictError
 from sealfs.fuse.operations import REKEY_XATTR
 from sealfs.keys.header import Keyslot, decode_header
 from sealfs.keys.hsm import TokenKey, check_trusted_module, pkcs11_slot_maker
@@ -229,6 +229,11 @@ def _follow_mount(mountpoint: str) -> RekeyProgress:
                            description=progress.error or "")  # fmt: skip
                 if progress.finished:
                     return progress
+                if progress.stopped:
+                    raise SealfsError(
+                        f"the rekey of {mountpoint} stopped: {progress.error}; the old key"
+                        " stays until it finishes: fix the cause, then run 'sealfs rekey' again"
+                    )
             time.sleep(POLL_SECONDS)
 
 
@@ -239,10 +244,16 @@ async def _rekey_here(loaded: Loaded) -> RekeyProgress:
         assert rekey is not None
         with _bar() as bar:
             task = bar.add_task("", total=None)
-            while not rekey.done.is_set():
+            while not rekey.ended.is_set():
                 p = rekey.progress
                 bar.update(task, total=p.listed, completed=p.checked, description=p.error or "")
                 with trio.move_on_after(POLL_SECONDS):
-                    await rekey.done.wait()
+                    await rekey.ended.wait()
             bar.update(task, total=rekey.progress.listed, completed=rekey.progress.checked)
+    if not rekey.progress.finished:  # stopped: say why, once the volume is released
+        failure = rekey.failure or SealfsError(f"the rekey stopped: {rekey.progress.error}")
+        raise type(failure)(
+            f"{failure}; the old key stays until the rekey finishes: fix the cause, then run"
+            " 'sealfs rekey' again"
+        )
     return rekey.progress

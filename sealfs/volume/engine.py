@@ -140,13 +140,16 @@ class Volume:
     def _start_rekey(self) -> None:
         assert self._nursery is not None
         self.rekey = rekey = Rekeyer(self.loaded, self.commits, self._limiter)
+        # Fresh each time: a rekey that stopped (a damaged object) may be started again.
+        self._rekey_scope = scope = trio.CancelScope()
+        self._rekey_stopped = stopped = trio.Event()
 
         async def run() -> None:
             try:
-                with self._rekey_scope:
+                with scope:
                     await rekey.run()
             finally:
-                self._rekey_stopped.set()
+                stopped.set()
 
         self._nursery.start_soon(run)
 
@@ -178,8 +181,9 @@ class Volume:
         except IntegrityError:
             raise FsError(errno.EINVAL) from None
         if header.data_epoch == ring.epoch and new == ring.current:
-            if ring.retired_epoch is not None and self.rekey is None:
-                self._start_rekey()
+            stopped = self.rekey is None or self.rekey.ended.is_set()
+            if ring.retired_epoch is not None and stopped:
+                self._start_rekey()  # never started, or stopped: `sealfs rekey` asks again
             return
         if (
             retired is None

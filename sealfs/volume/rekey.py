@@ -79,6 +79,9 @@ class RekeyProgress:
     started: float = field(default_factory=time.monotonic)
     finished: bool = False
     error: str | None = None
+    # The rekeyer gave up (a damaged object, a fenced or stopped writer): it does not
+    # retry by itself; `sealfs rekey` (after a repair) or the next mount resumes it.
+    stopped: bool = False
 
     elapsed: float | None = None  # set when read back from a status dict
 
@@ -96,13 +99,14 @@ class RekeyProgress:
             "seconds": round(self.seconds(), 3),
             "finished": self.finished,
             "error": self.error,
+            "stopped": self.stopped,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RekeyProgress:
         fields = {k: raw[k] for k in ("from_epoch", "to_epoch", "listed", "checked", "resealed",
                                       "resealed_bytes", "finished", "error")}  # fmt: skip
-        return cls(**fields, elapsed=float(raw["seconds"]))
+        return cls(**fields, stopped=bool(raw.get("stopped")), elapsed=float(raw["seconds"]))
 
 
 class Rekeyer:
@@ -119,22 +123,51 @@ class Rekeyer:
         self._commits = commits
         self._limiter = limiter
         self.progress = RekeyProgress(old, loaded.keys.epoch)
-        self.done = trio.Event()
+        self.done = trio.Event()  # finished: the retired key is gone
+        self.ended = trio.Event()  # finished or stopped (see failure)
+        self.failure: SealfsError | None = None  # why it stopped
 
     async def run(self) -> None:
-        """Until done: a failed pass (store unreachable) is logged and tried again."""
+        """Until done or stopped.
+
+        A failed pass that may succeed later (the store unreachable) is logged
+        and tried again. One that cannot (an object that fails authentication
+        or names a foreign epoch, a header that is not this rekey's, a fenced or
+        stopped writer) stops the rekey: retrying would only read the store
+        again and again. The retired key stays in the header, so nothing is
+        lost; `sealfs rekey` or the next mount resumes.
+        """
+        try:
+            await self._run()
+        finally:
+            self.ended.set()
+
+    def _stop(self, exc: SealfsError, message: str) -> None:
+        self.failure = exc
+        self.progress.error = message
+        self.progress.stopped = True
+
+    async def _run(self) -> None:
         log.info(
             "rekey: re-sealing key epoch %d objects under epoch %d", self._old, self._ring.epoch
         )
         while True:
             try:
                 await self._pass()
-            except FencedError:
-                self.progress.error = "fenced: another writer took the volume over and carries on"
+            except FencedError as exc:
+                self._stop(exc, "fenced: another writer took the volume over and carries on")
                 return  # the new writer resumes the rekey; a fenced one must not write
             except WriterStoppedError as exc:
-                self.progress.error = str(exc)
+                self._stop(exc, str(exc))
                 return  # the next mount resumes it; a stopped writer must not write
+            except (IntegrityError, FormatError) as exc:
+                self._stop(exc, str(exc))
+                log.error(
+                    "rekey stopped: %s; the old key stays until every object is re-sealed:"
+                    " repair or restore the object, then run 'sealfs rekey' again",
+                    exc,
+                )
+                return
             except SealfsError as exc:
                 self.progress.error = str(exc)
                 log.error("rekey paused, will retry in %.0f s: %s", RETRY_DELAY, exc)
@@ -201,9 +234,20 @@ class Rekeyer:
     def _reseal(self, name: str) -> int:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
         try:
-            data = self._store.get(name)
+            try:
+                return self._reseal_from(name, self._store.get(name))
+            except (IntegrityError, FormatError):
+                discard = getattr(self._store, "discard", None)
+                if discard is None:
+                    raise
+                # A cached copy (left by an earlier epoch, or damaged on the local disk)
+                # must not stand for the store's object: drop it and ask the store.
+                discard(name)
+                return self._reseal_from(name, self._store.get(name))
         except ObjectNotFoundError:
             return 0  # gone meanwhile (nothing deletes today; a collector will)
+
+    def _reseal_from(self, name: str, data: bytes) -> int:
         try:
             epoch = read_envelope_epoch(data)
         except FormatError as exc:

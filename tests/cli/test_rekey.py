@@ -217,3 +217,22 @@ def test_only_the_owner_may_hand_the_daemon_a_key(mounted_env: VolumeEnv) -> Non
     assert result.returncode != 0
     assert "Permission denied" in result.stderr or "Operation not permitted" in result.stderr
     assert env.status()["key_epoch"] == 0
+
+
+def test_offline_rekey_stops_on_a_damaged_object(volume_env: VolumeEnv) -> None:
+    volume_env.mount()
+    write_tree(volume_env.mnt / "d", 2, 300_000, "x")
+    volume_env.umount()
+    damaged = sorted(p for p in (volume_env.store / "c").rglob("*") if p.is_file())[0]
+    data = bytearray(damaged.read_bytes())
+    data[40] ^= 1
+    damaged.write_bytes(bytes(data))
+    result = rekey(volume_env, "--drop-slot", "1", timeout=60)  # used to retry for ever
+    assert result.returncode == 4, result.stderr  # tampered: exit 4, not a hang
+    line = result.stderr.strip().splitlines()[-1]
+    assert (
+        line.startswith("sealfs: ")
+        and "failed authentication" in line
+        and "run 'sealfs rekey' again" in line
+    )
+    assert header(volume_env.store).retired is not None  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import trio
@@ -21,6 +22,7 @@ from sealfs.keys.slots import (
 )
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
+from sealfs.store.cache import CachingStore
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import open_volume
@@ -157,3 +159,50 @@ async def test_a_store_object_of_an_unknown_epoch_stops_the_rekey(
         assert volume.loaded.keys.retired_epoch == 0  # the old key is kept: nothing is lost
     assert decode_header(volume_store.get(HEADER_NAME)).retired is not None
     assert read_envelope_epoch(volume_store.get(name)) == 7
+
+
+async def test_a_stale_cached_chunk_does_not_stop_a_later_rekey(
+    volume_store: ObjectStore, tmp_path: Path
+) -> None:
+    cached = CachingStore(volume_store, tmp_path / "cache", 1 << 30)
+    async with mounted(cached) as volume:  # its cache keeps the epoch-0 chunks
+        files = await write_sample(volume, b"a", 2 << 20)
+    start_rekey(volume_store)  # 0 -> 1, done without that cache (another host, another dir)
+    async with mounted(volume_store) as volume:
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()  # type: ignore[union-attr]
+    start_rekey(volume_store)  # 1 -> 2, resumed by a mount that uses the old cache
+    cached = CachingStore(volume_store, tmp_path / "cache", 1 << 30)
+    async with mounted(cached) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.finished, volume.rekey.progress.error
+        for name, content in files.items():
+            assert await read_all(volume, await ino_of(volume, name)) == content
+    assert set(object_epochs(volume_store).values()) == {2}
+    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
+
+
+async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
+    volume_store: ObjectStore,
+) -> None:
+    async with mounted(volume_store) as volume:
+        await write_sample(volume, b"d", 1 << 20)
+    name = volume_store.list("c/")[0]
+    good = volume_store.get(name)
+    volume_store.put(name, good[:30] + bytes([good[30] ^ 1]) + good[31:])
+    master = start_rekey(volume_store)
+    async with mounted(volume_store) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(30):
+            await volume.rekey.ended.wait()  # stopped: not retried for ever
+        assert volume.rekey.progress.stopped and not volume.rekey.progress.finished
+        assert "failed authentication" in (volume.rekey.progress.error or "")
+        assert volume.loaded.keys.retired_epoch == 0  # the old key is kept: nothing is lost
+        volume_store.put(name, good)  # repaired (restored from a backup)
+        await volume.adopt_rekey(master)  # what `sealfs rekey` run again does
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()
+    assert set(object_epochs(volume_store).values()) == {1}
+    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
