@@ -167,14 +167,23 @@ def describe_slot(slot: Keyslot) -> str:
     return "a kind this build cannot open"
 
 
+def _public(value: Any) -> Any:
+    """Params as JSON: bytes as hex at every depth (a kind this build does not know, or
+    an unverified header, may nest them)."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_public(v) for v in value]
+    return value
+
+
 def _slot_json(slot: Keyslot, used: int | None) -> dict[str, Any]:
-    public: dict[str, Any] = {}
-    for k, v in slot.params.items():
-        public[k] = v.hex() if isinstance(v, bytes) else v
     return {
         "id": slot.slot_id,
         "kind": slot.kind,
-        "params": public,
+        "params": _public(dict(slot.params)),
         "supported": slot.kind in KNOWN_KINDS,
         "unlocked_with": slot.slot_id == used,
     }

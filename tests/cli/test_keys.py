@@ -19,7 +19,7 @@ from sealfs.cli.key_cmd import change_header
 from sealfs.cli.main import main
 from sealfs.errors import PreconditionFailedError
 from sealfs.keys.edit import add_slot, remove_slot, replace_slot
-from sealfs.keys.header import HEADER_NAME, decode_header, encode_header
+from sealfs.keys.header import HEADER_NAME, Keyslot, decode_header, encode_header
 from sealfs.keys.slots import (
     Passphrase,
     RecoveryKey,
@@ -424,3 +424,17 @@ def test_pkcs11_init_headless_mount_rotate(
         env.umount()
     finally:
         env.cleanup()
+
+
+def test_list_json_with_nested_binary_params(env: VolumeEnv) -> None:
+    """A slot of a kind this build does not know may nest bin values in its params."""
+    data = (env.store / HEADER_NAME).read_bytes()
+    unlocked = unlock(data, Passphrase(PASSPHRASE))
+    future = Keyslot(5, "tpm2", {"pcrs": [0, 7], "blob": {"pub": b"\x01\x02"}}, b"", b"x")
+    header = dataclasses.replace(
+        unlocked.header, slots=(*unlocked.header.slots, future), next_slot_id=6
+    )
+    (env.store / HEADER_NAME).write_bytes(encode_header(header, unlocked.subkeys.header_mac_key))
+    listed = slots(env)
+    assert listed[-1]["kind"] == "tpm2" and not listed[-1]["supported"]
+    assert listed[-1]["params"] == {"pcrs": [0, 7], "blob": {"pub": "0102"}}
