@@ -80,10 +80,14 @@ def params_from_slot(slot: Keyslot) -> TokenKey:
 
 
 def check_trusted_module(path: str) -> str:
-    """Return path if loading it is safe though a header named it; else KeyUnavailableError.
+    """The path to load (symlinks resolved) if loading it is safe though a header named
+    it; else KeyUnavailableError.
 
     Safe: absolute, a regular file, and it and every directory above it owned
-    by root or by us and not writable by group or others.
+    by root or by us and not writable by group or others. Those checks are of
+    the resolved path, so the resolved path is what must be loaded: loading the
+    path as named would follow its symlinks again, and a link in a directory
+    others may write to (/tmp) could point elsewhere by then.
     """
     hint = "give --pkcs11-module PATH or set SEALFS_PKCS11_MODULE to load it anyway"
     if not os.path.isabs(path):
@@ -101,7 +105,7 @@ def check_trusted_module(path: str) -> str:
             )
         parent = os.path.dirname(current)
         if parent == current:
-            return path
+            return real
         current = parent
 
 
@@ -121,7 +125,9 @@ def _session(where: TokenKey, pin: Pin, *, rw: bool = False) -> Iterator[Any]:
     p11 = _pkcs11()
     exc_mod = p11.exceptions
     try:
-        lib = p11.lib(where.module)
+        # Always by the resolved path: python-pkcs11 loads one library per process, and
+        # the same one named through a symlink and without would count as two.
+        lib = p11.lib(os.path.realpath(where.module))
     except (OSError, RuntimeError) as exc:
         raise KeyUnavailableError(
             f"cannot load PKCS#11 module {where.module}: {exc or type(exc).__name__}"

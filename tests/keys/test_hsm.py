@@ -74,7 +74,7 @@ def test_round_trip(softhsm: SoftHsm) -> None:
 def test_token_key_never_leaves_the_token(softhsm: SoftHsm) -> None:
     pkcs11 = require_module("pkcs11", "python-pkcs11 is not installed")
     where = softhsm.new_key()
-    lib = pkcs11.lib(softhsm.module)
+    lib = pkcs11.lib(os.path.realpath(softhsm.module))  # as sealfs loads it: one per process
     with lib.get_token(token_label=softhsm.token).open(user_pin=softhsm.pin().value.decode()) as s:
         key = s.get_key(object_class=pkcs11.ObjectClass.SECRET_KEY, label=where.key)
         assert key[pkcs11.Attribute.SENSITIVE] is True
@@ -153,7 +153,7 @@ def test_untrusted_module_in_header_is_not_loaded(softhsm: SoftHsm, tmp_path: Pa
         edited = encode_header(with_slot(header, 1, params=params), mac_key(master, vid))
         with pytest.raises(KeyUnavailableError, match=cause):
             unlock(edited, Pkcs11Unlocker(softhsm.pin()))
-    assert check_trusted_module(softhsm.module) == softhsm.module
+    assert check_trusted_module(softhsm.module) == os.path.realpath(softhsm.module)
 
 
 def test_malformed_params(softhsm: SoftHsm) -> None:
@@ -177,3 +177,18 @@ def test_add_and_rotate(softhsm: SoftHsm, fast_kdf: Argon2Params) -> None:
     assert unlock(data, opener).master_key == master
     assert unlock(data, RecoveryKey(RECOVERY)).master_key == master
     assert os.path.isabs(rotated.params["module"])
+
+
+def test_trusted_module_is_loaded_by_its_resolved_path(tmp_path: Path) -> None:
+    """The checks are of the resolved path: a symlink on the way (here in a directory
+    anyone may write to) could be re-pointed between the check and the load."""
+    target = os.path.realpath(os.__file__)  # a root-owned file of the Python install
+    link = tmp_path / "lnk"
+    link.symlink_to(os.path.dirname(target))
+    tmp_path.chmod(0o777)
+    named = str(link / os.path.basename(target))
+    try:
+        checked = check_trusted_module(named)
+    except KeyUnavailableError:
+        pytest.skip("the Python install is not in a trusted location here")
+    assert checked == target
