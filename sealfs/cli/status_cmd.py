@@ -78,7 +78,8 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     rekey = s.get("rekey")
     if rekey:
         state = "done" if rekey["finished"] else f"{rekey['checked']}/{rekey['listed']} objects"
-        detail = f"; paused: {rekey['error']}" if rekey.get("error") else ""
+        halt = "stopped (run 'sealfs rekey' again once fixed)" if rekey.get("stopped") else "paused"
+        detail = f"; {halt}: {rekey['error']}" if rekey.get("error") else ""
         rows.append(("rekey", f"epoch {rekey['from_epoch']} -> {rekey['to_epoch']}: {state}"
                               f", {rekey['resealed']} re-encrypted{detail}"))  # fmt: skip
     if s.get("disk_cache_bytes") is not None:

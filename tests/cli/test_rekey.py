@@ -236,3 +236,28 @@ def test_offline_rekey_stops_on_a_damaged_object(volume_env: VolumeEnv) -> None:
         and "run 'sealfs rekey' again" in line
     )
     assert header(volume_env.store).retired is not None  # type: ignore[attr-defined]
+
+
+def test_mounted_rekey_stops_on_a_damaged_object_and_resumes_after_a_repair(
+    volume_env: VolumeEnv,
+) -> None:
+    volume_env.mount()
+    files = write_tree(volume_env.mnt / "d", 2, 300_000, "x")
+    volume_env.umount()
+    damaged = sorted(p for p in (volume_env.store / "c").rglob("*") if p.is_file())[0]
+    good = damaged.read_bytes()
+    damaged.write_bytes(good[:40] + bytes([good[40] ^ 1]) + good[41:])
+    volume_env.mount()
+    try:
+        result = rekey(volume_env, "--drop-slot", "1", timeout=60)  # used to wait for ever
+        assert result.returncode == 1, result.stderr
+        assert "stopped" in result.stderr and "failed authentication" in result.stderr
+        assert volume_env.status()["rekey"]["stopped"]
+        damaged.write_bytes(good)  # restored from a backup
+        result = rekey(volume_env, timeout=60)
+        assert result.returncode == 0, result.stderr + volume_env.log_text()
+        check_tree(volume_env.mnt, files)
+    finally:
+        volume_env.umount()
+    assert set(epochs(volume_env.store).values()) == {1}
+    assert header(volume_env.store).retired is None  # type: ignore[attr-defined]
