@@ -10,6 +10,7 @@ from typing import NoReturn
 
 from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
+from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.errors import SealfsError
@@ -91,6 +92,7 @@ def run(argv: list[str]) -> int:
     """Parse argv and run its command (errors are main's to report)."""
     args = parse(argv)
     setup_logging(log_path=None, verbose=args.verbose)
+    forbid_core_dumps()  # before any command reads a secret
     code: int = args.run(args)
     return code
 
