@@ -209,7 +209,12 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"volume {header.volume_id.hex()}" + ("  (UNVERIFIED)" if args.unverified else ""))
-    rekey = "" if header.retired is None else f" (rekey from epoch {header.retired.epoch} running)"
+    rekey = (
+        ""
+        if header.retired is None
+        else f" (rekey from epoch {header.retired.epoch} unfinished: a writable mount or"
+        " 'sealfs rekey' finishes it)"
+    )
     print(f"key epoch {header.data_epoch}{rekey}")
     print(f"{'SLOT':>4}  {'KIND':<10}  DETAILS")
     for slot in header.slots:

@@ -82,6 +82,9 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         detail = f"; {halt}: {rekey['error']}" if rekey.get("error") else ""
         rows.append(("rekey", f"epoch {rekey['from_epoch']} -> {rekey['to_epoch']}: {state}"
                               f", {rekey['resealed']} re-encrypted{detail}"))  # fmt: skip
+    elif s.get("retired_epoch") is not None:  # a store, or a read-only mount: nothing runs it
+        rows.append(("rekey", f"epoch {s['retired_epoch']} -> {s.get('key_epoch', 0)}: unfinished;"
+                              " a writable mount or 'sealfs rekey' finishes it"))  # fmt: skip
     if s.get("disk_cache_bytes") is not None:
         rows.append(("disk cache", format_size(s["disk_cache_bytes"])))
     if s.get("store_requests"):

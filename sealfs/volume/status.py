@@ -49,4 +49,5 @@ def volume_status(volume: Volume) -> dict[str, Any]:
         "commit_interval": volume.options.commit_interval,
         "key_epoch": volume.loaded.keys.epoch,
         "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),
+        "retired_epoch": volume.loaded.keys.retired_epoch,  # a rekey from it is unfinished
     }

@@ -161,7 +161,9 @@ def test_offline_rekey_killed_then_run_again(volume_env: VolumeEnv) -> None:
     assert sum(1 for e in epochs(env.store).values() if e == 0) > 0, "finished before the kill"
 
     listed = sealfs("key", "list", str(env.store), "--passphrase-file", str(env.passfile))
-    assert "key epoch 1 (rekey from epoch 0 running)" in listed.stdout, listed.stderr
+    assert "key epoch 1 (rekey from epoch 0 unfinished: " in listed.stdout, listed.stderr
+    shown = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile))
+    assert "epoch 0 -> 1: unfinished; a writable mount or 'sealfs rekey'" in shown.stdout
     result = rekey(env)  # the header's slots already open the new key: nothing to drop
     assert result.returncode == 0, result.stderr
     assert "Resuming" in result.stdout and "Rekey done" in result.stdout
