@@ -8,9 +8,9 @@ import sys
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
-from sealfs.cli.secrets import get_passphrase, write_new_secret_file
+from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
 from sealfs.cli.unlock import add_s3_options
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, NotAVolumeError, WrongKeyError
 from sealfs.keys.kdf import (
     MAX_ITERATIONS,
     MAX_MEMORY_KIB,
@@ -20,8 +20,10 @@ from sealfs.keys.kdf import (
     calibrate,
 )
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
+from sealfs.keys.slots import RecoveryKey, unlock
+from sealfs.store.base import ObjectStore
 from sealfs.store.url import check_local_directory, is_s3_url, open_store
-from sealfs.volume.loader import create_volume
+from sealfs.volume.loader import create_volume, read_header
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,14 +106,10 @@ def run(args: argparse.Namespace) -> int:
         kdf = kdf_params(args) if with_passphrase else None
         recovery = generate_recovery_key()
         text = format_recovery_key(recovery)
-        if args.recovery_key_file:
-            write_new_secret_file(args.recovery_key_file, text)  # before the volume: never lose it
-        try:
+        with secret_file_for_new_slot(
+            args.recovery_key_file, text, lambda: recovery_slot_stored(store, recovery)
+        ):
             header = create_volume(store, passphrase, kdf, recovery, extra_slots=extra_slots)
-        except BaseException:
-            if args.recovery_key_file:
-                os.unlink(args.recovery_key_file)  # no volume: the key opens nothing
-            raise
     print(f"Created sealfs volume {header.volume_id.hex()} in {store.describe()}")
     if kdf is not None:
         print(f"Argon2id: {kdf.memory_kib // 1024} MiB, {kdf.iterations} passes, {kdf.lanes} lanes")
@@ -123,3 +121,15 @@ def run(args: argparse.Namespace) -> int:
         print("\nRecovery key (shown once; store it apart from the volume, it opens the volume):")
         print(f"\n    {text}\n", file=sys.stdout)
     return 0
+
+
+def recovery_slot_stored(store: ObjectStore, recovery: bytes) -> bool:
+    """Whether the store's header has a slot that this recovery key opens.
+
+    Raises what reading the store raises: then nobody knows.
+    """
+    try:
+        unlock(read_header(store), RecoveryKey(recovery))
+    except (NotAVolumeError, WrongKeyError):
+        return False
+    return True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,7 @@ from sealfs.cli.keysource import (
     token_slot_maker,
     unlock_header,
 )
-from sealfs.cli.secrets import get_passphrase, write_new_secret_file
+from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -235,18 +234,12 @@ def run_add(args: argparse.Namespace) -> int:
     if args.kind == KIND_RECOVERY:
         recovery = generate_recovery_key()
         text = format_recovery_key(recovery)
-        if args.new_recovery_key_file:
-            write_new_secret_file(
-                args.new_recovery_key_file, text
-            )  # before the header: never lose it
-        try:
+        with secret_file_for_new_slot(
+            args.new_recovery_key_file, text, lambda: init_cmd.recovery_slot_stored(store, recovery)
+        ):
             _, new = change_header(
                 store, unlocker, lambda u: add_slot(u, recovery_slot_maker(recovery))[0]
             )
-        except BaseException:
-            if args.new_recovery_key_file:
-                os.unlink(args.new_recovery_key_file)  # it opens nothing
-            raise
         slot = decode_header(new).slots[-1]
         print(f"Added keyslot {slot.slot_id} (recovery).")
         if args.new_recovery_key_file:

@@ -4,14 +4,16 @@ systemd's credentials directory, or a terminal prompt. Never argv, never logs.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import stat
 import sys
 import unicodedata
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, SealfsError
 
 PASSPHRASE_ENV = "SEALFS_PASSPHRASE_FILE"  # noqa: S105 - a variable name, not a secret
 CREDENTIAL_NAME = "sealfs-passphrase"
@@ -154,3 +156,41 @@ def write_new_secret_file(path: str, text: str) -> None:
         raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the slot it opens can be
+
+
+@contextlib.contextmanager
+def secret_file_for_new_slot(
+    path: str | None, text: str, slot_stored: Callable[[], bool]
+) -> Iterator[None]:
+    """Write the secret of a keyslot about to be stored; keep it unless the slot surely is not.
+
+    The file comes first, so that no slot is ever stored whose secret was
+    lost. If storing the slot fails, the file is removed only when
+    slot_stored() says the store does not hold it. When it may (a reply lost,
+    a sync that failed, a store that no longer answers) the file stays and the
+    error says so: a removed file whose slot lives on would leave a working key
+    in the disk's free blocks, and its owner without it.
+    """
+    if path is None:
+        yield
+        return
+    write_new_secret_file(path, text)
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            stored: bool | None = slot_stored()
+        except Exception:  # the store does not answer: the outcome is unknown
+            stored = None
+        if stored is False:
+            os.unlink(path)
+            raise
+        if not isinstance(exc, SealfsError):
+            raise
+        kept = (
+            f"{exc}; the new recovery key is kept in {path}, since the store may hold its"
+            " keyslot: check with 'sealfs key list' before trying again"
+        )
+        raise type(exc)(kept) from None

@@ -1,14 +1,20 @@
-"""Reading secrets from files: only small regular files, one clear error otherwise."""
+"""Secret files: only small regular files are read, one clear error otherwise; a new
+recovery key's file outlives a failed change unless its slot surely was not stored."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from sealfs.cli.secrets import MAX_SECRET_FILE_BYTES, read_secret_file
-from sealfs.errors import ConfigError
+from sealfs.cli.init_cmd import recovery_slot_stored
+from sealfs.cli.secrets import MAX_SECRET_FILE_BYTES, read_secret_file, secret_file_for_new_slot
+from sealfs.errors import ConfigError, StoreError, TransientStoreError
+from sealfs.store.base import ObjectStore
+from sealfs.store.memory import MemoryStore
+from tests.conftest import RECOVERY_KEY
 
 
 def test_reads_a_regular_file_without_its_trailing_newline(tmp_path: Path) -> None:
@@ -42,3 +48,33 @@ def test_a_symlink_to_a_regular_file_is_read(tmp_path: Path) -> None:
     target.write_text("pass\n")
     (tmp_path / "link").symlink_to(target)
     assert read_secret_file(tmp_path / "link", "passphrase") == b"pass"
+
+
+def _unknown() -> bool:
+    raise TransientStoreError("the store does not answer")
+
+
+@pytest.mark.parametrize(
+    ("stored", "kept"), [(lambda: False, False), (lambda: True, True), (_unknown, True)]
+)
+def test_a_new_recovery_key_file_is_removed_only_if_its_slot_surely_was_not_stored(
+    tmp_path: Path, stored: Callable[[], bool], kept: bool
+) -> None:
+    path = tmp_path / "recovery.txt"
+    with (
+        pytest.raises(StoreError) as raised,
+        secret_file_for_new_slot(str(path), "the-key", stored),
+    ):
+        assert path.read_text() == "the-key\n" and path.stat().st_mode & 0o077 == 0
+        raise StoreError("sync of sealfs.vol failed")
+    assert path.exists() == kept
+    message = str(raised.value)
+    assert message.startswith("sync of sealfs.vol failed")
+    assert (f"the new recovery key is kept in {path}" in message) == kept
+    assert ("check with 'sealfs key list'" in message) == kept
+
+
+def test_whether_a_recovery_slot_is_stored(volume_store: ObjectStore) -> None:
+    assert recovery_slot_stored(volume_store, RECOVERY_KEY)
+    assert not recovery_slot_stored(volume_store, bytes(32))  # a volume, not this key's
+    assert not recovery_slot_stored(MemoryStore(), RECOVERY_KEY)  # no volume at all
