@@ -120,6 +120,10 @@ class Committer:
         target = self._started + 1
         self._wanted = max(self._wanted, target)
         while self._finished < target:
+            if self.stopped is not None:
+                # The commit in flight when this caller came was fenced (or its store
+                # failed to flush): the loop has stopped, so no later commit will come.
+                raise self.stopped
             self.kick()
             done = self._done
             await done.wait()
