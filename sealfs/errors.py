@@ -18,6 +18,10 @@ class FormatError(SealfsError):
     """Bytes that do not parse as the object they claim to be."""
 
 
+class MetadataTooLargeError(FormatError):
+    """A snapshot larger than a reader accepts (codec.MAX_METADATA_SIZE): never written."""
+
+
 class UnsupportedVersionError(FormatError):
     """An object written by a format version this build does not read."""
 

@@ -28,7 +28,7 @@ from sealfs.crypto.envelope import (
 )
 from sealfs.crypto.keyring import KeyRing
 from sealfs.crypto.subkeys import Subkeys
-from sealfs.errors import FormatError
+from sealfs.errors import FormatError, MetadataTooLargeError
 from sealfs.meta import ops
 from sealfs.meta.extents import ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -109,7 +109,7 @@ def encode_snapshot(keys: SealKeys, volume_id: bytes, state: MetaState) -> bytes
         "inodes": [_inode_row(inode) for inode in state.inodes.values()],
         "chunks": [[cid, c.plain_size, c.stored_size] for cid, c in state.chunks.items()],
     }
-    return _seal(keys, volume_id, ObjectKind.SNAPSHOT, state.generation, payload)[0]
+    return _seal(keys, volume_id, ObjectKind.SNAPSHOT, state.generation, payload, bounded=True)[0]
 
 
 def decode_snapshot(ring: KeyRing, volume_id: bytes, generation: int, sealed: bytes) -> MetaState:
@@ -178,10 +178,23 @@ def _chunk_from_row(row: object) -> tuple[bytes, ChunkInfo]:
 
 
 def _seal(
-    keys: SealKeys, volume_id: bytes, kind: ObjectKind, gen: int, payload: Any
+    keys: SealKeys,
+    volume_id: bytes,
+    kind: ObjectKind,
+    gen: int,
+    payload: Any,
+    *,
+    bounded: bool = False,
 ) -> tuple[bytes, bytes]:
+    """bounded: raise MetadataTooLargeError rather than seal a payload over the bound
+    that _open enforces (a newest snapshot that does not open fails every mount)."""
     epoch, subkeys = keys
     raw = msgpack.packb(payload, use_bin_type=True)
+    if bounded and len(raw) > MAX_METADATA_SIZE:
+        raise MetadataTooLargeError(
+            f"snapshot {gen} would hold {len(raw)} bytes of metadata, over the"
+            f" {MAX_METADATA_SIZE} a mount reads: not written"
+        )
     packed = maybe_compress(raw, _LEVEL)
     binding = generation_binding(volume_id, gen)
     digest = hashlib.sha256(raw).digest()

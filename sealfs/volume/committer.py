@@ -26,6 +26,7 @@ from sealfs.errors import (
     FencedError,
     FormatError,
     IntegrityError,
+    MetadataTooLargeError,
     ObjectExistsError,
     SealfsError,
     WriterStoppedError,
@@ -85,6 +86,7 @@ class Committer:
         self._unsure: tuple[Segment, bytes, bytes] | None = None
         self.last_commit_ns = loaded.live.committed_ns
         self.segments_written = 0
+        self._too_large = False  # the state outgrew a snapshot: mounts replay the log
 
     def start(self) -> None:
         """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
@@ -356,6 +358,8 @@ class Committer:
 
         At a clean unmount the bar is lower: the next mount should not replay.
         """
+        if self._too_large:
+            return False  # compacting again would only fail again, at great cost
         if closing:
             return self._tail_ops >= SNAPSHOT_AT_CLOSE_OPS
         return self._tail_ops >= SNAPSHOT_EVERY_OPS or self._tail_bytes >= SNAPSHOT_EVERY_BYTES
@@ -372,10 +376,15 @@ class Committer:
         try:
             tail = list(self._tail)
             with self._keys.sealing() as keys:
-                gen, sealed = await trio.to_thread.run_sync(
-                    _compact_unscanned, self._keys, keys, self._volume_id, self._base, tail,
-                    limiter=self._limiter,
-                )  # fmt: skip
+                try:
+                    gen, sealed = await trio.to_thread.run_sync(
+                        _compact_unscanned, self._keys, keys, self._volume_id, self._base, tail,
+                        limiter=self._limiter,
+                    )  # fmt: skip
+                except MetadataTooLargeError as exc:
+                    self._too_large = True
+                    log.error("%s; the log since the last snapshot is kept and replayed", exc)
+                    return
                 name = snapshot_name(gen)
                 with contextlib.suppress(ObjectExistsError):  # a remount already wrote it
                     await trio.to_thread.run_sync(

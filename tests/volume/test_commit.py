@@ -15,6 +15,7 @@ import trio
 from sealfs.errors import FencedError, FsError, StoreError, SyncFailedError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
+from sealfs.meta import codec
 from sealfs.meta import compact as compaction
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, segment_name
 from sealfs.meta.model import ROOT_INO
@@ -594,3 +595,24 @@ async def test_a_crashed_writer_does_not_block_the_next_mount(volume_store: Memo
         assert await read_all(v, f) == b"durable"
         with pytest.raises(FsError):
             await ino_of(v, "lost")
+
+
+async def test_a_snapshot_over_the_readers_bound_is_never_written(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the writer sealed snapshots of any size, but a reader refuses one
+    over MAX_METADATA_SIZE (2 GiB; lowered here), and a newest snapshot that does not
+    open fails every mount. The chunk table keeps every chunk ever uploaded, so a
+    long-lived volume with small frequent commits gets there."""
+    monkeypatch.setattr(codec, "MAX_METADATA_SIZE", 16 * 1024)
+    async with session(volume_store, **QUIET) as v:
+        fh, _ = await v.create(ROOT_INO, b"db", 0o644, RW, UID, GID)
+        for _ in range(600):  # one changed page per commit: a new chunk each time
+            await v.write(fh, 0, os.urandom(64))
+            await v.fsync()
+        await v.release(fh)
+        await v.commits.snapshot()
+        assert not v.commits.snapshot_due()
+        assert not v.commits.snapshot_due(closing=True)
+    assert volume_store.list(SNAPSHOT_PREFIX) == []
+    load(volume_store)  # the volume still mounts, from its log
