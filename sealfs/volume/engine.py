@@ -623,26 +623,34 @@ class Volume:
         return fh
 
     async def readdir(self, fh: int, start: int, limit: int | None = None) -> list[DirEntry]:
-        """Entries from index start of the listing (names whose inode still exists).
+        """Entries from index start of the listing (names the directory still holds).
 
         A pass starts at index 0 and takes the listing then: rewinddir(3) must show
         the directory as it is now (the listing taken at opendir showed a poller
         the names of its first pass forever). At most limit entries: a caller that
         takes a page at a time must not pay for the rest of the directory on every
         page (quadratic in its size).
+
+        The listing fixes only the order (so offsets stay stable); each name is
+        looked up again when its page is served. The kernel makes a dentry of every
+        entry (readdirplus): a name renamed or unlinked since the pass began, served
+        from the listing, came back as a dentry of the old inode, so that
+        open(name, "w") truncated the renamed file instead of creating a new one.
         """
         handle = self._handles.get(fh)
         if not isinstance(handle, DirHandle):
             raise FsError(errno.EBADF)
+        directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
+        entries = directory.entries if directory is not None else None
         if start == 0:
-            directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
-            entries = directory.entries if directory is not None else None
             handle.listing = sorted(entries.items()) if entries else []
         listing = handle.listing
+        current = entries or {}
         out = []
         for index in range(start, len(listing)):
-            name, ino = listing[index]
-            inode = self.meta.inodes.get(ino)
+            name = listing[index][0]
+            ino = current.get(name)  # None: renamed or removed since the pass began
+            inode = self.meta.inodes.get(ino) if ino is not None else None
             if inode is not None:
                 out.append(DirEntry(name, self._attr(inode), index + 1))
                 if limit is not None and len(out) >= limit:

@@ -608,6 +608,28 @@ def test_listing_while_entries_are_removed(mounted_env: VolumeEnv) -> None:
     os.rmdir(d)
 
 
+def test_a_name_renamed_away_during_a_listing_stays_gone(mounted_env: VolumeEnv) -> None:
+    """Regression: a listing pass spanning several readdir requests served names as they
+    were when it began, and the kernel made a dentry of each (readdirplus). A file
+    renamed away meanwhile kept its old name in the kernel for the entry timeout, so
+    open(old, "w") truncated and overwrote the renamed file and created nothing."""
+    d = mounted_env.mnt / "d"
+    d.mkdir()
+    n = 3000  # far more than one readdir request holds
+    for k in range(n):
+        (d / f"f{k:04d}").write_bytes(b"old %d" % k)
+    with os.scandir(d) as it:
+        next(it)  # the pass has begun: the first request is answered
+        os.rename(d / "f2500", d / "g2500")
+        for _ in it:  # the rest of the pass
+            pass
+    assert not (d / "f2500").exists()
+    (d / "f2500").write_bytes(b"new")
+    assert (d / "g2500").read_bytes() == b"old 2500"
+    assert (d / "f2500").read_bytes() == b"new"
+    assert os.stat(d / "f2500").st_ino != os.stat(d / "g2500").st_ino
+
+
 def test_listing_an_open_directory_again_shows_it_as_it_is_now(mounted_env: VolumeEnv) -> None:
     """Regression: the listing was taken at opendir, so rewinddir (os.listdir of an open
     descriptor) showed a poller the names of its first pass forever, new files missing

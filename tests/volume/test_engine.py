@@ -681,6 +681,28 @@ async def test_readdir_offsets_and_entries_removed_meanwhile(volume_store: Objec
         await expect(errno.ENOTDIR, v.opendir(await ino_of(v, "f0")))
 
 
+async def test_readdir_serves_names_as_they_are_now_not_as_the_pass_began(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: a pass served the names of its listing as they were when it began.
+    The kernel makes a dentry of every readdirplus entry, so a name renamed away
+    meanwhile came back pointing at the renamed inode (open(name, "w") then truncated
+    it). Offsets stay those of the listing."""
+    async with session(volume_store) as v:
+        for k in range(6):
+            await mkfile(v, ROOT_INO, b"f%d" % k, b"%d" % k)
+        fh = await v.opendir(ROOT_INO)
+        assert [e.name for e in await v.readdir(fh, 0, 2)] == [b"f0", b"f1"]
+        await v.rename(ROOT_INO, b"f2", ROOT_INO, b"g2", 0)  # renamed away
+        await v.rename(ROOT_INO, b"f5", ROOT_INO, b"f4", 0)  # f4 is now f5's inode
+        await v.unlink(ROOT_INO, b"f3")
+        rest = await v.readdir(fh, 2)
+        assert [e.name for e in rest] == [b"f4"]
+        assert rest[0].attr.ino == await ino_of(v, "f4")
+        assert rest[0].next_index == 5
+        await v.releasedir(fh)
+
+
 async def test_statfs(volume_store: ObjectStore) -> None:
     async with session(volume_store) as v:
         await mkfile(v, ROOT_INO, b"f", os.urandom(100_000))
