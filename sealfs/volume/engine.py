@@ -16,7 +16,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -44,6 +44,7 @@ log = logging.getLogger("sealfs.volume")
 NAME_MAX = 255
 XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 65536
+XATTR_LIST_MAX = 65536  # the most listxattr(2) returns: every name, NUL-terminated
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
 # ACLs are not stored: one stored but not applied would be taken as applied (cp -a sets
@@ -687,6 +688,9 @@ class Volume:
             raise FsError(errno.EEXIST)
         if flags & XATTR_REPLACE and name not in inode.xattrs:
             raise FsError(errno.ENODATA)
+        if name not in inode.xattrs and _names_size(inode.xattrs) + len(name) + 1 > XATTR_LIST_MAX:
+            # Past this, listxattr fails with E2BIG and cp -a or rsync -X drop every xattr.
+            raise FsError(errno.ENOSPC)
         self._record(ops.set_xattr(ino, name, value))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -726,6 +730,11 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _names_size(xattrs: Mapping[bytes, bytes]) -> int:
+    """Bytes listxattr(2) would return: each name with its NUL."""
+    return sum(len(name) + 1 for name in xattrs)
 
 
 def _mode_of_acl(value: bytes) -> int | None:

@@ -535,6 +535,23 @@ async def test_xattrs(volume_store: ObjectStore) -> None:
         await expect(errno.ENODATA, v.getxattr(f, b"user.b"))
 
 
+async def test_xattr_names_stop_where_listxattr_could_no_longer_list_them(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: names were accepted past the 64 KiB listxattr(2) returns at most, so
+    listing them failed with E2BIG and cp -a silently copied none of the file's xattrs."""
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f")
+        names = [b"user.%0250d" % k for k in range(65536 // 256)]  # 256 bytes listed each
+        for name in names:
+            await v.setxattr(f, name, b"v")
+        await expect(errno.ENOSPC, v.setxattr(f, b"user.one-more", b"v"))
+        await v.setxattr(f, names[0], b"replaced")  # replacing a value needs no room
+        assert await v.listxattr(f) == names
+        await v.removexattr(f, names[-1])
+        await v.setxattr(f, b"user.one-more", b"v")
+
+
 async def test_access_acl_restating_the_mode_is_a_chmod(volume_store: ObjectStore) -> None:
     async with session(volume_store) as v:
         f = await mkfile(v, ROOT_INO, b"f")
