@@ -23,7 +23,8 @@ from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_stor
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import abandon, is_mounted, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
-from sealfs.store.url import DEFAULT_STORE_TIMEOUT
+from sealfs.keys.header import HEADER_NAME
+from sealfs.store.url import DEFAULT_STORE_TIMEOUT, is_local_url, local_path
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import Loaded, check_writer, claim_writer, collector_paused, pid_alive
 from sealfs.volume.options import VolumeOptions
@@ -99,6 +100,7 @@ def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
     mountpoint = os.path.abspath(args.mountpoint)
     log_path = "" if args.foreground else _log_path(args.log_file, mountpoint)
+    _check_paths(args.store, mountpoint, args.cache_dir)
     limit_malloc_arenas()  # before the volume's load starts threads
     with collector_paused():
         loaded = unlock_store(args)
@@ -139,6 +141,43 @@ def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> i
     )
     serve(volume, mountpoint, lambda: report(0, "ready"))
     return 0
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether path is directory or lies under it (symlinks resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([real, top]) == top
+
+
+def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
+    """Refuse, before unlocking or creating anything, paths that cannot work together.
+
+    A mountpoint inside a local store put the plaintext view inside the store's
+    directory, where a backup or rsync of the store copied it. A cache directory
+    inside the mountpoint was created there first, so the mount then failed with
+    "not empty" and every later mount too. Arguments in the wrong order said the
+    mountpoint was "not a sealfs volume: run 'sealfs init'".
+    """
+    if cache_dir is not None and _inside(cache_dir, mountpoint):
+        raise ConfigError(
+            f"cache directory {os.path.abspath(cache_dir)} is inside the mountpoint:"
+            " put it elsewhere"
+        )
+    if not is_local_url(store):
+        return
+    root = str(local_path(store))
+    if _inside(mountpoint, root):
+        raise ConfigError(
+            f"mountpoint {mountpoint} is inside the store {root}: the store would hold the"
+            " plaintext view; mount it outside the store"
+        )
+    if not os.path.exists(os.path.join(root, HEADER_NAME)) and os.path.isfile(
+        os.path.join(mountpoint, HEADER_NAME)
+    ):
+        raise ConfigError(
+            f"{root} is not a volume but {mountpoint} is: the store comes first"
+            " ('sealfs mount STORE MOUNTPOINT')"
+        )
 
 
 def _log_path(given: str | None, mountpoint: str) -> str:

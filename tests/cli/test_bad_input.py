@@ -216,6 +216,48 @@ def test_log_file_that_cannot_serve_is_refused_before_mounting(
     assert not os.path.ismount(vol.mnt) and not log.exists()
 
 
+def test_mountpoint_inside_the_store_is_refused(vol: VolumeEnv) -> None:
+    """Regression: it mounted, and the plaintext view lay inside the store's directory,
+    where a backup or rsync of the store copied it."""
+    inner = vol.store / "view"
+    inner.mkdir()
+    try:
+        result = sealfs(
+            "mount", str(vol.store), str(inner), "--passphrase-file", str(vol.passfile),
+            "--log-file", str(vol.log),
+        )  # fmt: skip
+        if os.path.ismount(inner):
+            sealfs("umount", str(inner))
+        assert "inside the store" in one_line(result, USAGE)
+    finally:
+        inner.rmdir()
+
+
+def test_cache_dir_inside_the_mountpoint_is_refused_before_creating_it(vol: VolumeEnv) -> None:
+    """Regression: the cache directory was made inside the mountpoint first, so the mount
+    failed with "not empty", and so did every later mount there."""
+    cache = vol.mnt / "cache"
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--cache-dir", str(cache))
+    try:
+        assert "inside the mountpoint" in one_line(result, USAGE)
+        assert list(vol.mnt.iterdir()) == []
+    finally:
+        if os.path.ismount(vol.mnt):
+            sealfs("umount", str(vol.mnt))
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_store_and_mountpoint_swapped(vol: VolumeEnv) -> None:
+    """Regression: `sealfs mount MNT STORE` said the empty mountpoint was not a volume and
+    to run 'sealfs init' there."""
+    result = sealfs(
+        "mount", str(vol.mnt), str(vol.store), "--passphrase-file", str(vol.passfile),
+        "--log-file", str(vol.log),
+    )  # fmt: skip
+    assert "the store comes first" in one_line(result, USAGE)
+    assert list(vol.mnt.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "option",
     [["--commit-interval", "nan"], ["--commit-interval", "inf"], ["--store-timeout", "nan"]],
