@@ -99,8 +99,8 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
     mountpoint = os.path.abspath(args.mountpoint)
+    _check_paths(args.store, mountpoint, args.cache_dir)  # before the log file is made
     log_path = "" if args.foreground else _log_path(args.log_file, mountpoint)
-    _check_paths(args.store, mountpoint, args.cache_dir)
     limit_malloc_arenas()  # before the volume's load starts threads
     with collector_paused():
         loaded = unlock_store(args)
