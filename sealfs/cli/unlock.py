@@ -23,7 +23,8 @@ def add_s3_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--s3-endpoint",
         metavar="URL",
-        help="S3 service URL for s3:// stores (default: AWS_ENDPOINT_URL, else AWS S3);"
+        help="S3 service URL for s3:// stores (default: AWS_ENDPOINT_URL_S3,"
+        " AWS_ENDPOINT_URL, else AWS S3);"
         " credentials come only from the environment, a profile or an instance role",
     )
 
