@@ -49,7 +49,13 @@ from sealfs.keys.slots import (
 )
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
-from sealfs.volume.loader import Loaded, check_writer, claim_writer, load_unlocked, pid_alive
+from sealfs.volume.loader import (
+    Loaded,
+    check_writer,
+    claim_writer,
+    load_unlocked,
+    writer_alive,
+)
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import RekeyProgress
 
@@ -174,7 +180,7 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
             f"volume is mounted read-write by host {w.host} pid {w.pid}: run 'sealfs rekey'"
             " there, or unmount it first"
         )
-    if not pid_alive(w.pid):
+    if not writer_alive(w):
         return None  # that writer crashed: this command takes over
     for mountpoint in _sealfs_mounts():
         try:

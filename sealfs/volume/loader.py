@@ -220,18 +220,26 @@ def _load_snapshot(
 
 
 def check_writer(loaded: Loaded, *, takeover: bool) -> None:
-    """Refuse to write while another writer may be live. Raises WriterConflictError."""
+    """Refuse to write while another writer may be live. Raises WriterConflictError.
+
+    takeover applies only to a writer on another host, which this one cannot
+    see: a live writer on this host would be fenced, and the writes it had
+    acknowledged since its last commit lost, for a mount someone forgot.
+    """
     prev = loaded.live.writer
-    if prev is None or prev.released or takeover:
+    if prev is None or prev.released:
         return
     since = datetime.fromtimestamp(prev.since_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     if prev.host == socket.gethostname():
-        if pid_alive(prev.pid):
+        if writer_alive(prev):
+            hint = " (--takeover is for a writer on another host)" if takeover else ""
             raise WriterConflictError(
                 f"volume is mounted read-write by pid {prev.pid} on this host since {since}:"
-                " unmount it first, or mount with --read-only"
+                f" unmount it first, or mount with --read-only{hint}"
             )
         return  # that writer died without releasing: nothing can still write
+    if takeover:
+        return
     raise WriterConflictError(
         f"volume is mounted read-write by host {prev.host} pid {prev.pid} since {since}:"
         " unmount it there, or if that writer crashed, mount with --takeover"
@@ -272,6 +280,34 @@ def release_record(loaded: Loaded) -> ops.Op:
     return ops.writer(WriterInfo(w.host, w.pid, w.mount_id, w.since_ns, True))
 
 
+def writer_alive(writer: WriterInfo) -> bool:
+    """Whether the writer's process (on this host) still runs.
+
+    Its pid alone may have been reused since it died: a process that started
+    after the writer claimed the volume is not that writer.
+    """
+    if not pid_alive(writer.pid):
+        return False
+    started = process_start_ns(writer.pid)
+    return started is None or started <= writer.since_ns + START_TIME_SLACK_NS
+
+
+START_TIME_SLACK_NS = 2_000_000_000  # /proc's boot time is whole seconds; ticks are 10 ms
+
+
+def process_start_ns(pid: int) -> int | None:
+    """When the process started (ns since the epoch), from /proc; None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b") ", 1)[-1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        ticks = int(fields[19])  # field 22 of proc(5); fields here start at field 3
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return (boot * 1_000_000_000) + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def pid_alive(pid: int) -> bool:
     """Whether another live (not zombie) process has this pid."""
     if pid == os.getpid():
@@ -283,7 +319,7 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as f:
-        if f.read().split(b") ", 1)[-1][:1] == b"Z":
+        if f.read().rsplit(b") ", 1)[-1][:1] == b"Z":
             return False  # a zombie holds no mount
     return True
 

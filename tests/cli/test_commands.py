@@ -210,6 +210,29 @@ def test_takeover_of_a_crashed_writer_on_another_host(volume_env: VolumeEnv) -> 
         env.umount()
 
 
+def test_takeover_of_a_live_writer_on_this_host_is_refused(
+    mounted_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: --takeover fenced a live mount on the same host, whose acknowledged
+    writes since its last commit were then lost: the way a forgotten mount is lost."""
+    env = mounted_env
+    second = tmp_path / "second"
+    second.mkdir()
+    result = sealfs(
+        "mount", str(env.store), str(second), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log), "--takeover",
+    )  # fmt: skip
+    if os.path.ismount(second):
+        sealfs("umount", str(second))
+    err = one_line(result, BUSY)
+    assert "on this host" in err and "--takeover is for a writer on another host" in err, err
+    with open(env.mnt / "still-the-writer", "w") as f:
+        f.write("kept")
+        f.flush()
+        os.fsync(f.fileno())  # not fenced
+    assert env.status()["fenced"] is False
+
+
 @pytest.mark.slow
 def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
     volume_env: VolumeEnv, tmp_path: Path
@@ -217,7 +240,8 @@ def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
     """Regression (umount): a fenced mount could never be unmounted with `sealfs umount`
     (its commit always fails, and a failed commit kept it mounted)."""
     env = volume_env
-    env.mount()
+    first = foreign_mount(env, "sealfs-other-host")  # alive, but out of this host's sight
+    assert first.returncode == 0, first.stderr
     second = tmp_path / "second"
     second.mkdir()
     try:

@@ -1,16 +1,19 @@
-"""Loading a volume: what it costs the garbage collector."""
+"""Loading a volume: what it costs the garbage collector, and whether its writer lives."""
 
 from __future__ import annotations
 
 import gc
 import os
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sealfs.keys.slots import Passphrase, unlock
-from sealfs.meta.model import ROOT_INO
+from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
-from sealfs.volume.loader import load_unlocked, read_header
+from sealfs.volume.loader import load_unlocked, process_start_ns, read_header, writer_alive
 from tests.conftest import PASSPHRASE, mounted
 
 
@@ -52,3 +55,23 @@ async def test_loading_collects_no_garbage_and_leaves_the_collector_as_it_was(
             assert gc.isenabled() is enabled
         finally:
             gc.enable()
+
+
+def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
+    """A writer that died lets its pid be reused: the process now holding it started after
+    the writer claimed the volume, so it is not the writer (and cannot hold the mount)."""
+    before = time.time_ns()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        started = process_start_ns(proc.pid)
+        assert started is not None and abs(started - before) < 5_000_000_000
+
+        def writer(since_ns: int) -> WriterInfo:
+            return WriterInfo(socket.gethostname(), proc.pid, bytes(16), since_ns, False)
+
+        assert writer_alive(writer(before))  # claimed as that process started: it is it
+        assert not writer_alive(writer(before - 3600 * 1_000_000_000))  # claimed long before
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not writer_alive(writer(before))  # gone
