@@ -23,6 +23,7 @@ from sealfs.cli.keysource import (
     token_slot_maker,
     unlock_header,
 )
+from sealfs.cli.paths import check_key_file_outside_store
 from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
@@ -229,6 +230,8 @@ def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
 
 def run_add(args: argparse.Namespace) -> int:
     init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
+    if args.kind == KIND_RECOVERY:
+        check_key_file_outside_store(args.new_recovery_key_file, args.store)
     store = store_from(args)
     unlocker = _unlocker(args, pin=False)
     if args.kind == KIND_RECOVERY:

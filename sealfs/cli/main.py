@@ -122,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sealfs: interrupted", file=sys.stderr)
         return USAGE
+    except BrokenPipeError:
+        # The reader went away (`sealfs status --json | head -1`): nothing to say, and
+        # the flush at exit must not fail on the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILURE
     except OSError as exc:
         print(f"sealfs: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return FAILURE

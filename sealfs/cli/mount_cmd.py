@@ -7,7 +7,6 @@ import errno
 import gc
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
+from sealfs.cli.paths import inside
+from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import abandon, is_mounted, prepare, serve
@@ -36,7 +37,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store")
     p.add_argument("mountpoint")
-    add_unlock_options(p)
+    add_unlock_options(
+        p,
+        store_timeout=DEFAULT_STORE_TIMEOUT,
+        store_timeout_help="how long fsync (and mounting) waits for an unreachable store"
+        " before failing; commits resume when it is back",
+    )
     add_cache_options(p)
     p.add_argument(
         "--commit-interval",
@@ -46,20 +52,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="commit buffered writes at least this often (default 1)",
     )
     p.add_argument("--sync-on-close", action="store_true", help="close(2) waits for a commit")
-    p.add_argument(
-        "--store-timeout",
-        type=float,
-        default=DEFAULT_STORE_TIMEOUT,
-        metavar="SECONDS",
-        help="how long fsync waits for an unreachable store before failing with EIO"
-        f" (default {DEFAULT_STORE_TIMEOUT:.0f}); commits resume when it is back",
-    )
     p.add_argument("--read-only", action="store_true", help="mount without writing")
     p.add_argument("--allow-other", action="store_true", help="let other users access the mount")
     p.add_argument(
         "--takeover",
         action="store_true",
-        help="take the volume from a writer on another host that crashed",
+        help="take the volume from a writer on another host that crashed (if it still"
+        " runs, it is fenced and loses what it had not committed)",
     )
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
     p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
@@ -72,23 +71,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     u = sub.add_parser("umount", help=COMMANDS["umount"].help)
     u.add_argument("mountpoint")
     u.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for the daemon to exit"
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the daemon to exit (default 60)",
     )
     u.set_defaults(run=run_umount)
 
 
-def _seconds(value: float, option: str, *, zero: bool = False) -> float:
-    """value, if it is a finite number of seconds: NaN passed a `<= 0` check and
-    wedged the mount (a timer of NaN seconds fails inside the commit loop)."""
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        limit = "zero or more" if zero else "positive"
-        raise ConfigError(f"{option} must be a {limit} number of seconds, not {value}")
-    return value
-
-
 def _options(args: argparse.Namespace) -> VolumeOptions:
-    _seconds(args.commit_interval, "--commit-interval")
-    _seconds(args.store_timeout, "--store-timeout")
+    seconds(args.commit_interval, "--commit-interval")
+    seconds(args.store_timeout, "--store-timeout")
     return VolumeOptions(
         commit_interval=args.commit_interval,
         sync_on_close=args.sync_on_close,
@@ -143,12 +136,6 @@ def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> i
     return 0
 
 
-def _inside(path: str, directory: str) -> bool:
-    """Whether path is directory or lies under it (symlinks resolved)."""
-    real, top = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([real, top]) == top
-
-
 def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
     """Refuse, before unlocking or creating anything, paths that cannot work together.
 
@@ -158,7 +145,7 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
     "not empty" and every later mount too. Arguments in the wrong order said the
     mountpoint was "not a sealfs volume: run 'sealfs init'".
     """
-    if cache_dir is not None and _inside(cache_dir, mountpoint):
+    if cache_dir is not None and inside(cache_dir, mountpoint):
         raise ConfigError(
             f"cache directory {os.path.abspath(cache_dir)} is inside the mountpoint:"
             " put it elsewhere"
@@ -166,7 +153,7 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
     if not is_local_url(store):
         return
     root = str(local_path(store))
-    if _inside(mountpoint, root):
+    if inside(mountpoint, root):
         raise ConfigError(
             f"mountpoint {mountpoint} is inside the store {root}: the store would hold the"
             " plaintext view; mount it outside the store"
@@ -245,7 +232,7 @@ def run_sync(args: argparse.Namespace) -> int:
 
 def run_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
-    _seconds(args.timeout, "--timeout", zero=True)
+    seconds(args.timeout, "--timeout", zero=True)
     status = live_status(mnt)
     if status is None:
         _fusermount(mnt, lazy=True)

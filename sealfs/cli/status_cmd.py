@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 from typing import Any
 
 from rich.console import Console
@@ -14,7 +15,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import live_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, NotAVolumeError
 from sealfs.fuse.mount import is_mounted
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
@@ -37,7 +38,13 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
                 f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
             )
         return status
-    args.store = args.target
+    target = args.target
+    if os.path.isdir(target) and not os.listdir(target):  # an unmounted mountpoint, likely
+        raise NotAVolumeError(
+            f"{target} is neither mounted nor a volume: give a live mountpoint or a store"
+            f" (or create a volume there with 'sealfs init {target}')"
+        )
+    args.store = target
     volume = Volume(unlock_store(args), VolumeOptions(read_only=True))
     status = volume_status(volume)
     status["pid"] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from sealfs.errors import ConfigError
@@ -24,3 +25,12 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def seconds(value: float, option: str, *, zero: bool = False) -> float:
+    """value, if it is a finite number of seconds: NaN passed a `<= 0` check and
+    wedged the mount (a timer of NaN seconds fails inside the commit loop)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        limit = "non-negative" if zero else "positive"
+        raise ConfigError(f"{option} must be a {limit} number of seconds, not {value}")
+    return value

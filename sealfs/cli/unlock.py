@@ -6,20 +6,41 @@ import argparse
 from pathlib import Path
 
 from sealfs.cli.keysource import add_headless_options, unlock_header
-from sealfs.cli.units import parse_size
+from sealfs.cli.units import parse_size, seconds
 from sealfs.store.base import ObjectStore
-from sealfs.store.url import DEFAULT_STORE_TIMEOUT, check_local_directory, open_store
+from sealfs.store.url import check_local_directory, open_store
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
+# A command someone waits for gives up on an unreachable store sooner than a mount,
+# whose fsyncs ride out an outage (a mistyped endpoint kept `status` busy for 5 minutes).
+COMMAND_STORE_TIMEOUT = 30.0
 
-def add_unlock_options(p: argparse.ArgumentParser) -> None:
+
+def add_unlock_options(
+    p: argparse.ArgumentParser,
+    *,
+    store_timeout: float = COMMAND_STORE_TIMEOUT,
+    store_timeout_help: str = "how long to wait for an unreachable store",
+) -> None:
     p.add_argument("--passphrase-file", help="read the passphrase from this file")
     p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
-    add_s3_options(p)
+    add_s3_options(p, store_timeout=store_timeout, store_timeout_help=store_timeout_help)
 
 
-def add_s3_options(p: argparse.ArgumentParser) -> None:
+def add_s3_options(
+    p: argparse.ArgumentParser,
+    *,
+    store_timeout: float = COMMAND_STORE_TIMEOUT,
+    store_timeout_help: str = "how long to wait for an unreachable store",
+) -> None:
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        default=store_timeout,
+        metavar="SECONDS",
+        help=f"{store_timeout_help} (default {store_timeout:.0f})",
+    )
     p.add_argument(
         "--s3-endpoint",
         metavar="URL",
@@ -49,7 +70,7 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
         cache_dir=Path(cache_dir) if cache_dir else None,
         cache_bytes=size,
         s3_endpoint=getattr(args, "s3_endpoint", None),
-        store_timeout=getattr(args, "store_timeout", DEFAULT_STORE_TIMEOUT),
+        store_timeout=seconds(args.store_timeout, "--store-timeout"),
     )
 
 

@@ -29,6 +29,8 @@ from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
 T = TypeVar("T")
 log = logging.getLogger("sealfs.store")
 
+WARN_EVERY = 30.0  # seconds between warnings about one request that keeps failing
+
 
 class RetryingStore:
     """Wrap an ObjectStore so that transient failures are retried with backoff.
@@ -67,6 +69,7 @@ class RetryingStore:
 
     def _run(self, op: str, name: str, call: Callable[[], T]) -> T:
         start = self._clock()
+        warned = -WARN_EVERY
         for attempt in range(1, self._attempts + 1):
             try:
                 return call()
@@ -75,9 +78,16 @@ class RetryingStore:
             delay = self._next_delay(attempt, start)
             if delay is None:
                 break
-            log.warning(
+            elapsed = self._clock() - start
+            # A store that is down fails every attempt, seconds apart: one warning per
+            # WARN_EVERY says so without burying the log (or a command's terminal).
+            level = logging.WARNING if elapsed - warned >= WARN_EVERY else logging.DEBUG
+            if level == logging.WARNING:
+                warned = elapsed
+            log.log(
+                level,
                 "store %s %s failed (attempt %d, %.0f s so far): %s; retrying in %.2f s",
-                op, name or "-", attempt, self._clock() - start, last, delay,
+                op, name or "-", attempt, elapsed, last, delay,
             )  # fmt: skip
             self._sleep(delay)
         elapsed = self._clock() - start

@@ -12,6 +12,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,63 @@ def test_init_into_a_non_empty_directory_is_refused(vol: VolumeEnv, tmp_path: Pa
     assert fingerprint(target) == {"precious.txt": hashlib.sha256(b"do not touch").hexdigest()}
 
 
+def test_a_recovery_key_file_inside_the_store_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: init and key add wrote the key that opens the volume into the store,
+    where every backup or rsync of the store copied it (init said "not empty" instead)."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    result = sealfs(
+        "init", str(fresh), "--passphrase-file", str(vol.passfile), *CHEAP_KDF,
+        "--recovery-key-file", str(fresh / "rk.txt"),
+    )  # fmt: skip
+    assert "is inside the store" in one_line(result, USAGE)
+    assert list(fresh.iterdir()) == []
+    before = fingerprint(vol.store)
+    result = sealfs(
+        "key", "add", str(vol.store), "recovery", "--passphrase-file", str(vol.passfile),
+        "--new-recovery-key-file", str(vol.store / "rk.txt"),
+    )  # fmt: skip
+    assert "is inside the store" in one_line(result, USAGE)
+    assert fingerprint(vol.store) == before
+
+
+def test_output_into_a_closed_pipe_ends_quietly(vol: VolumeEnv) -> None:
+    """Regression: `sealfs status STORE --json | head -1` printed "sealfs: Broken pipe"."""
+    command = [sys.executable, "-m", "sealfs.cli.main", "status", str(vol.store), "--json",
+               "--passphrase-file", str(vol.passfile)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the status is printed (unlocking first)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (1, b"")
+
+
+def test_status_of_an_unmounted_mountpoint(vol: VolumeEnv) -> None:
+    """Regression: it said the empty directory was not a volume: run 'sealfs init'."""
+    result = sealfs("status", str(vol.mnt), "--passphrase-file", str(vol.passfile))
+    assert "is neither mounted nor a volume" in one_line(result, DAMAGED)
+
+
+def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
+    tmp_path: Path,
+) -> None:
+    """Regression: `status` (and init, key, rekey) retried a refused endpoint for 300 s,
+    with no option to shorten it, printing a warning every second or two."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "XDG_CACHE_HOME": str(tmp_path)}  # fmt: skip
+    started = time.monotonic()
+    result = sealfs(
+        "status", "s3://bucket/volume", "--s3-endpoint", "http://127.0.0.1:1",
+        "--store-timeout", "3", env=env,
+    )  # fmt: skip
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 2, lines  # one warning that it retries, then the error
+    assert lines[-1].startswith("sealfs: store ") and "unreachable after" in lines[-1], lines
+
+
 def test_missing_mountpoint(vol: VolumeEnv) -> None:
     result = sealfs(
         "mount", str(vol.store), str(vol.root / "nowhere"), "--passphrase-file", str(vol.passfile),
@@ -271,7 +330,7 @@ def test_seconds_that_are_not_finite_are_refused(vol: VolumeEnv, option: list[st
 
 def test_umount_timeout_must_be_a_number_of_seconds(vol: VolumeEnv) -> None:
     result = sealfs("umount", str(vol.mnt), "--timeout", "nan")
-    assert "--timeout must be a zero or more number of seconds" in one_line(result, USAGE)
+    assert "--timeout must be a non-negative number of seconds" in one_line(result, USAGE)
 
 
 @pytest.mark.parametrize("url", ["memory://", "file:{dir}/vol", "s3:/bucket/vol"])

@@ -53,14 +53,32 @@ def test_transient_then_success(caplog: pytest.LogCaptureFixture) -> None:
     store, faulty, memory = make(clock)
     memory.put("c/ab/x", b"secret payload")
     faulty.fail_next("get", "c/", "transient", times=2)
-    with caplog.at_level(logging.WARNING, logger="sealfs.store"):
+    with caplog.at_level(logging.DEBUG, logger="sealfs.store"):
         assert store.get("c/ab/x") == b"secret payload"
     assert memory.counts["get"] == 1  # the two failures never reached the store
     assert len(clock.sleeps) == 2
-    retries = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(retries) == 2
+    retries = [r for r in caplog.records if "failed (attempt" in r.getMessage()]
+    assert [r.levelno for r in retries] == [logging.WARNING, logging.DEBUG]  # seconds apart
     assert all("c/ab/x" in r.getMessage() for r in retries)
     assert all("secret payload" not in r.getMessage() for r in retries)
+
+
+def test_a_request_that_keeps_failing_warns_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: one warning per attempt, every second or two, for as long as the store
+    was down: 45 lines in 88 s on the terminal of a command given a mistyped endpoint."""
+    clock = FakeClock()
+    store, faulty, _ = make(clock, attempts=1000, max_delay=2.0, deadline=100.0)
+    faulty.fail_next("get", "", "transient", times=10_000)
+    with (
+        caplog.at_level(logging.WARNING, logger="sealfs.store"),
+        pytest.raises(StoreUnavailableError),
+    ):
+        store.get("sealfs.vol")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(clock.sleeps) > 50
+    assert 3 <= len(warnings) <= 4  # at 0 s, then about every 30 s of the 100
 
 
 def test_gives_up_after_attempts_with_store_unavailable() -> None:

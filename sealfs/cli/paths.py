@@ -1,0 +1,27 @@
+"""Local paths that must not lie inside one another: a store, a mountpoint, a key file."""
+
+from __future__ import annotations
+
+import os
+
+from sealfs.errors import ConfigError
+from sealfs.store.url import is_local_url, local_path
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether path is directory or lies under it (symlinks resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([real, top]) == top
+
+
+def check_key_file_outside_store(path: str | None, store: str) -> None:
+    """Refuse a new key file inside a local store: whatever copies the store (a backup,
+    rsync, a bucket sync) would copy the key that opens it along with it."""
+    if path is None or not is_local_url(store):
+        return
+    root = str(local_path(store))
+    if inside(os.path.abspath(path), root):
+        raise ConfigError(
+            f"recovery key file {path} is inside the store {root}, which must never hold a"
+            " key: write it outside the store (and keep it apart from the store's copies)"
+        )
