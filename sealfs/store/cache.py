@@ -26,9 +26,11 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, FormatError, IntegrityError
 from sealfs.store.base import ObjectInfo, ObjectStore, request_counts, validate_name
 
 log = logging.getLogger("sealfs.store")
@@ -305,3 +307,23 @@ def _write_file(path: Path, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+T = TypeVar("T")
+
+
+def get_opened(store: ObjectStore, name: str, open_: Callable[[bytes], T]) -> T:
+    """open_(the bytes of name); if open_ rejects a cached copy, the store's own copy.
+
+    open_ authenticates (IntegrityError, FormatError). A cached copy that fails,
+    damaged on the local disk or left by an earlier key epoch, must not hide a
+    good object in the store: it is dropped and the store asked once more.
+    """
+    try:
+        return open_(store.get(name))
+    except (IntegrityError, FormatError):
+        discard: Callable[[str], None] | None = getattr(store, "discard", None)
+        if discard is None:  # no cache in front of this store
+            raise
+        discard(name)
+        return open_(store.get(name))

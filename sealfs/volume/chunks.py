@@ -22,6 +22,7 @@ from sealfs.crypto.ids import chunk_id as keyed_chunk_id
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.store.base import ObjectStore
+from sealfs.store.cache import get_opened
 
 log = logging.getLogger("sealfs.volume")
 
@@ -155,15 +156,7 @@ class Chunks:
     def _get_and_open(self, chunk_id: bytes) -> bytes:
         name = chunk_name(chunk_id)
         try:
-            try:
-                return self._open(chunk_id, self._store.get(name))
-            except (IntegrityError, FormatError):
-                discard = getattr(self._store, "discard", None)
-                if discard is None:
-                    raise
-                # A damaged copy in the local cache must not hide a good one in the store.
-                discard(name)
-                return self._open(chunk_id, self._store.get(name))
+            return get_opened(self._store, name, lambda data: self._open(chunk_id, data))
         except ObjectNotFoundError:
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
         except IntegrityError as exc:

@@ -52,6 +52,7 @@ from sealfs.keys.header import decode_header
 from sealfs.keys.rekey import end_rekey
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation
 from sealfs.store.base import ObjectStore
+from sealfs.store.cache import get_opened
 from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
@@ -234,16 +235,7 @@ class Rekeyer:
     def _reseal(self, name: str) -> int:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
         try:
-            try:
-                return self._reseal_from(name, self._store.get(name))
-            except (IntegrityError, FormatError):
-                discard = getattr(self._store, "discard", None)
-                if discard is None:
-                    raise
-                # A cached copy (left by an earlier epoch, or damaged on the local disk)
-                # must not stand for the store's object: drop it and ask the store.
-                discard(name)
-                return self._reseal_from(name, self._store.get(name))
+            return get_opened(self._store, name, lambda data: self._reseal_from(name, data))
         except ObjectNotFoundError:
             return 0  # gone meanwhile (nothing deletes today; a collector will)
 

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import gc
 import os
-import threading
 from typing import Any
 
 import pytest
@@ -375,36 +374,17 @@ async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
             await expect(errno.EROFS, v.fsync())
 
 
-class SegmentGate:
-    """Wraps a store; segment creates wait while the gate is closed."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.open = threading.Event()
-        self.open.set()
-        self.waiting = 0
-
-    def put_if_absent(self, name: str, data: bytes) -> None:
-        if name.startswith(SEGMENT_PREFIX) and not self.open.is_set():
-            self.waiting += 1
-            assert self.open.wait(30), "gate never opened"
-        self.inner.put_if_absent(name, data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 async def test_fsync_waiting_behind_a_fenced_commit_fails_instead_of_hanging(
     volume_store: MemoryStore,
 ) -> None:
     """Regression: an fsync that came while a commit was in flight waits for the commit
     after it; when the one in flight was fenced the loop stopped, no later commit came,
     and that fsync (and the program calling it) waited forever."""
-    gated = SegmentGate(volume_store)
+    gated = GatedStore(volume_store)  # gates segment creates (no chunk is put here)
     with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
         async with mounted(gated, **QUIET) as v:  # type: ignore[arg-type]
             await mkfile(v, ROOT_INO, b"f", b"x")
-            gated.open.clear()
+            gated.close_gate()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(expect, errno.EROFS, v.fsync())  # its commit blocks
                 await wait_until(lambda: gated.waiting == 1)
@@ -414,7 +394,7 @@ async def test_fsync_waiting_behind_a_fenced_commit_fails_instead_of_hanging(
                 claim_writer(other)  # takes the generation the blocked commit wants
                 nursery.start_soon(expect, errno.EROFS, v.fsync())  # waits for the next one
                 await trio.sleep(0.05)
-                gated.open.set()
+                gated.open_gate()
                 with trio.fail_after(5):
                     await wait_until(lambda: not nursery.child_tasks)
             assert v.commits.stopped is not None

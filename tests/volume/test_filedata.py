@@ -46,7 +46,8 @@ def _cached_unlock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class GatedStore:
-    """Wraps a store; chunk puts wait while the gate is closed (for racing a flush)."""
+    """Wraps a store; chunk puts and segment creates wait while the gate is closed (for
+    racing a flush or a commit)."""
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
@@ -60,11 +61,18 @@ class GatedStore:
     def open_gate(self) -> None:
         self.open.set()
 
-    def put(self, name: str, data: bytes) -> None:
-        if name.startswith("c/") and not self.open.is_set():
+    def _pass(self, name: str, prefix: str) -> None:
+        if name.startswith(prefix) and not self.open.is_set():
             self.waiting += 1
             assert self.open.wait(30), "gate never opened"
+
+    def put(self, name: str, data: bytes) -> None:
+        self._pass(name, "c/")
         self.inner.put(name, data)
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        self._pass(name, "l/")
+        self.inner.put_if_absent(name, data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
