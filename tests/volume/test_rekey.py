@@ -62,6 +62,19 @@ async def write_sample(volume: Volume, tag: bytes, size: int) -> dict[str, bytes
     return files
 
 
+async def check_files(volume: Volume, files: dict[str, bytes]) -> None:
+    for name, content in files.items():
+        assert await read_all(volume, await ino_of(volume, name)) == content
+
+
+def check_rekeyed(store: ObjectStore, epoch: int) -> None:
+    """Every object is sealed under epoch, and the header keeps no retired key."""
+    epochs = object_epochs(store)
+    assert epochs and set(epochs.values()) == {epoch}, "an object is under an older epoch"
+    header = decode_header(store.get(HEADER_NAME))
+    assert header.data_epoch == epoch and header.retired is None
+
+
 async def test_rekey_reseals_every_object_while_the_volume_is_written(
     volume_store: ObjectStore,
 ) -> None:
@@ -82,18 +95,13 @@ async def test_rekey_reseals_every_object_while_the_volume_is_written(
         progress = volume.rekey.progress  # type: ignore[union-attr]
         assert progress.finished and progress.error is None and progress.resealed > 0
         assert volume.loaded.keys.retired_epoch is None
-        for name, content in files.items():
-            assert await read_all(volume, await ino_of(volume, name)) == content
+        await check_files(volume, files)
 
-    epochs = object_epochs(volume_store)
-    assert epochs and set(epochs.values()) == {1}, "an object is still sealed under epoch 0"
-    header = decode_header(volume_store.get(HEADER_NAME))
-    assert header.data_epoch == 1 and header.retired is None
+    check_rekeyed(volume_store, 1)
     with pytest.raises(WrongKeyError):  # the old recovery key opens nothing any more
         unlock(volume_store.get(HEADER_NAME), RecoveryKey(RECOVERY_KEY))
     async with mounted(volume_store) as volume:
-        for name, content in files.items():
-            assert await read_all(volume, await ino_of(volume, name)) == content
+        await check_files(volume, files)
 
 
 async def test_an_interrupted_rekey_resumes_at_the_next_mount(volume_store: ObjectStore) -> None:
@@ -117,10 +125,8 @@ async def test_an_interrupted_rekey_resumes_at_the_next_mount(volume_store: Obje
         with trio.fail_after(60):
             await volume.rekey.done.wait()
         assert volume.rekey.progress.resealed == left  # what was done is not done again
-        for name, content in files.items():
-            assert await read_all(volume, await ino_of(volume, name)) == content
-    assert set(object_epochs(volume_store).values()) == {1}
-    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
+        await check_files(volume, files)
+    check_rekeyed(volume_store, 1)
 
 
 async def test_adopt_rekey_refuses_a_key_the_header_does_not_name(
@@ -178,10 +184,8 @@ async def test_a_stale_cached_chunk_does_not_stop_a_later_rekey(
         with trio.fail_after(60):
             await volume.rekey.ended.wait()
         assert volume.rekey.progress.finished, volume.rekey.progress.error
-        for name, content in files.items():
-            assert await read_all(volume, await ino_of(volume, name)) == content
-    assert set(object_epochs(volume_store).values()) == {2}
-    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
+        await check_files(volume, files)
+    check_rekeyed(volume_store, 2)
 
 
 async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
@@ -204,5 +208,4 @@ async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
         await volume.adopt_rekey(master)  # what `sealfs rekey` run again does
         with trio.fail_after(60):
             await volume.rekey.done.wait()
-    assert set(object_epochs(volume_store).values()) == {1}
-    assert decode_header(volume_store.get(HEADER_NAME)).retired is None
+    check_rekeyed(volume_store, 1)
