@@ -15,7 +15,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import live_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
-from sealfs.errors import ConfigError, NotAVolumeError
+from sealfs.errors import NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_mounted
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
@@ -34,7 +34,7 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
     if is_mounted(args.target):
         status = live_status(args.target)
         if status is None:
-            raise ConfigError(
+            raise SealfsError(  # exit 1, as sync and umount say it
                 f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
             )
         return status

@@ -22,7 +22,11 @@ def add_unlock_options(
     store_timeout: float = COMMAND_STORE_TIMEOUT,
     store_timeout_help: str = "how long to wait for an unreachable store",
 ) -> None:
-    p.add_argument("--passphrase-file", help="read the passphrase from this file")
+    p.add_argument(
+        "--passphrase-file",
+        help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE;"
+        " default: ask on the terminal)",
+    )
     p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
     add_s3_options(p, store_timeout=store_timeout, store_timeout_help=store_timeout_help)

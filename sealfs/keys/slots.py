@@ -327,7 +327,7 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
         if opened is None:
             if isinstance(secret, Passphrase):
                 raise WrongKeyError(
-                    "wrong passphrase: no keyslot opens with it (check the passphrase file,"
+                    "wrong passphrase: no keyslot opens with it (check the passphrase or its file,"
                     " or unlock with --recovery-key-file)"
                 )
             raise WrongKeyError("wrong recovery key: no keyslot opens with it")

@@ -101,7 +101,7 @@ def test_a_mount_whose_daemon_died_is_cleared_by_umount(mounted_env: VolumeEnv) 
         time.sleep(0.02)
     assert env.is_mounted() and not env.daemon_pids()
     assert "has died" in one_line(sealfs("sync", str(env.mnt)), FAILURE)
-    assert "has died" in one_line(sealfs("status", str(env.mnt)), USAGE)
+    assert "has died" in one_line(sealfs("status", str(env.mnt)), FAILURE)
     again = sealfs(
         "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
         "--log-file", str(env.log),
