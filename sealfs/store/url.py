@@ -175,12 +175,24 @@ def open_store(
     if scheme in ("", "file"):
         store = RetryingStore(LocalStore(local_path(url)), deadline=store_timeout)
     elif scheme == "s3":
-        from sealfs.store.s3 import S3Store  # noqa: PLC0415 - boto3 is slow to import
+        from sealfs.store.s3 import (  # noqa: PLC0415 - boto3 is slow to import
+            CONNECT_TIMEOUT,
+            READ_TIMEOUT,
+            S3Store,
+        )
 
         bucket, prefix = parse_s3_url(url)
         endpoint = s3_endpoint or None
         store = RetryingStore(
-            S3Store(bucket, prefix, endpoint_url=endpoint),
+            # No single request may outlast the whole wait (botocore's 60 s read timeout
+            # held an fsync given --store-timeout 5 for a minute against a stalled service).
+            S3Store(
+                bucket,
+                prefix,
+                endpoint_url=endpoint,
+                connect_timeout=min(CONNECT_TIMEOUT, store_timeout),
+                read_timeout=min(READ_TIMEOUT, store_timeout),
+            ),
             attempts=S3_RETRY_ATTEMPTS,
             max_delay=S3_MAX_BACKOFF,
             deadline=store_timeout,
