@@ -19,6 +19,9 @@ PASSPHRASE_ENV = "SEALFS_PASSPHRASE_FILE"  # noqa: S105 - a variable name, not a
 CREDENTIAL_NAME = "sealfs-passphrase"
 NEW_PASSPHRASE_ENV = "SEALFS_NEW_PASSPHRASE_FILE"  # noqa: S105 - a variable name
 NEW_PASSPHRASE_CREDENTIAL = "sealfs-new-passphrase"  # noqa: S105
+# A passphrase a slot is made with: each guess costs an Argon2 run, but a handful of
+# characters is still within reach of whoever holds a copy of the header.
+MIN_NEW_PASSPHRASE_CHARS = 8
 # Far above any passphrase, PIN or recovery key: a larger file is the wrong file.
 MAX_SECRET_FILE_BYTES = 64 * 1024
 
@@ -115,8 +118,19 @@ def get_passphrase(explicit_file: str | None, *, confirm: bool, new: bool = Fals
     """The passphrase, from a file or (on a terminal) a prompt. Raises ConfigError.
 
     new: the passphrase a keyslot change sets (its own option, variable and
-    credential; always asked twice).
+    credential; always asked twice). One a slot is made with (confirm or new)
+    must have at least MIN_NEW_PASSPHRASE_CHARS characters.
     """
+    passphrase = _read_passphrase(explicit_file, confirm=confirm, new=new)
+    if (confirm or new) and len(passphrase.decode(errors="replace")) < MIN_NEW_PASSPHRASE_CHARS:
+        raise ConfigError(
+            f"the {'new ' if new else ''}passphrase is shorter than {MIN_NEW_PASSPHRASE_CHARS}"
+            " characters: choose a longer one (the store's copies can be attacked offline)"
+        )
+    return passphrase
+
+
+def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> bytes:
     what = "new passphrase" if new else "passphrase"
     flag, env, credential = (
         ("--new-passphrase-file", NEW_PASSPHRASE_ENV, NEW_PASSPHRASE_CREDENTIAL)

@@ -228,6 +228,22 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
     assert lines[-1].startswith("sealfs: store ") and "unreachable after" in lines[-1], lines
 
 
+def test_a_short_new_passphrase_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: a one-character passphrase made a slot, which a copy of the header lets
+    anyone guess offline in a few Argon2 runs."""
+    short = tmp_path / "short"
+    short.write_text("1234567\n")  # seven characters
+    fresh = tmp_path / "fresh"
+    result = sealfs("init", str(fresh), "--passphrase-file", str(short), *CHEAP_KDF)
+    assert "passphrase is shorter than 8 characters" in one_line(result, USAGE)
+    assert not fresh.exists() or list(fresh.iterdir()) == []
+    result = sealfs(
+        "key", "add", str(vol.store), "passphrase", "--passphrase-file", str(vol.passfile),
+        "--new-passphrase-file", str(short), *CHEAP_KDF,
+    )  # fmt: skip
+    assert "new passphrase is shorter than 8 characters" in one_line(result, USAGE)
+
+
 def test_missing_mountpoint(vol: VolumeEnv) -> None:
     result = sealfs(
         "mount", str(vol.store), str(vol.root / "nowhere"), "--passphrase-file", str(vol.passfile),
