@@ -104,7 +104,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     _common(p)
     p.add_argument("slot", type=int, help="slot id (see 'sealfs key list')")
-    _new_slot_options(p)
+    _rewrap_options(p)
     p.set_defaults(run=run_rotate)
 
 
@@ -130,6 +130,11 @@ def _new_slot_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write the new recovery key to this new file instead of printing it",
     )
+    _rewrap_options(p)
+
+
+def _rewrap_options(p: argparse.ArgumentParser) -> None:
+    """Where an aws-kms or pkcs11 slot's key comes from (add, and rotate)."""
     p.add_argument(
         "--kms-key-id",
         metavar="ARN|ALIAS",
@@ -304,7 +309,6 @@ def run_passwd(args: argparse.Namespace) -> int:
 
 
 def run_rotate(args: argparse.Namespace) -> int:
-    init_cmd.check_kdf_options(args)  # accepted (shared options), so checked like the others
     store = store_from(args)
     with kms_clients(args) as clients:
 
