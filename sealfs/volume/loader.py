@@ -289,7 +289,24 @@ def writer_alive(writer: WriterInfo) -> bool:
     if not pid_alive(writer.pid):
         return False
     started = process_start_ns(writer.pid)
-    return started is None or started <= writer.since_ns + START_TIME_SLACK_NS
+    if started is None or started <= writer.since_ns + START_TIME_SLACK_NS:
+        return True
+    # The start time is read against the wall clock of now, since_ns was taken on the
+    # wall clock of then: a clock stepped forward since (NTP after boot, a VM resumed)
+    # makes the live writer look as if it started after its claim. Taking it for dead
+    # would let a plain mount fence it. A sealfs process is never taken for a reused pid
+    # (at worst another sealfs command holds it, and a refusal only waits for it).
+    return _is_sealfs_process(writer.pid)
+
+
+def _is_sealfs_process(pid: int) -> bool:
+    """Whether the process's command line names sealfs (unknown: True)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return True
+    return b"sealfs" in cmdline
 
 
 START_TIME_SLACK_NS = 2_000_000_000  # /proc's boot time is whole seconds; ticks are 10 ms

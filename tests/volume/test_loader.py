@@ -75,3 +75,17 @@ def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
         proc.kill()
         proc.wait()
     assert not writer_alive(writer(before))  # gone
+
+
+def test_a_live_writer_is_alive_after_the_wall_clock_stepped_forward() -> None:
+    """/proc's start time is read on today's wall clock, since_ns was taken on the clock
+    of the claim: after NTP steps the clock forward (a mount at boot), the live daemon
+    seems to have started after its claim. Taken for dead, a plain mount fenced it."""
+    proc = subprocess.Popen(["sealfs-mount-daemon", "60"], executable="sleep")
+    try:
+        stepped = time.time_ns() - 3600 * 1_000_000_000  # claimed on a clock 1 h behind
+        info = WriterInfo(socket.gethostname(), proc.pid, bytes(16), stepped, False)
+        assert writer_alive(info)
+    finally:
+        proc.kill()
+        proc.wait()
