@@ -244,6 +244,24 @@ def test_a_short_new_passphrase_is_refused(vol: VolumeEnv, tmp_path: Path) -> No
     assert "new passphrase is shorter than 8 characters" in one_line(result, USAGE)
 
 
+def test_init_against_an_unreachable_s3_endpoint_fails_by_its_store_timeout(
+    tmp_path: Path,
+) -> None:
+    """Regression: init showed --store-timeout (default 30) but ignored it: it retried a
+    refused endpoint for the mount's 300 s."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "XDG_CACHE_HOME": str(tmp_path)}  # fmt: skip
+    started = time.monotonic()
+    result = sealfs(
+        "init", "s3://bucket/volume", "--s3-endpoint", "http://127.0.0.1:1",
+        "--store-timeout", "3", "--passphrase-file", str(tmp_path / "none"), env=env,
+    )  # fmt: skip
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1, result.stderr
+    assert "unreachable after" in result.stderr, result.stderr
+
+
 def test_missing_mountpoint(vol: VolumeEnv) -> None:
     result = sealfs(
         "mount", str(vol.store), str(vol.root / "nowhere"), "--passphrase-file", str(vol.passfile),
