@@ -20,7 +20,7 @@ def check_key_file_outside_store(path: str | None, store: str) -> None:
     if path is None or not is_local_url(store):
         return
     root = str(local_path(store))
-    if inside(os.path.abspath(path), root):
+    if inside(path, root):  # resolved as open() will: abspath drops ".." before symlinks
         raise ConfigError(
             f"recovery key file {path} is inside the store {root}, which must never hold a"
             " key: write it outside the store (and keep it apart from the store's copies)"

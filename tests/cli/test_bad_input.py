@@ -189,6 +189,14 @@ def test_a_recovery_key_file_inside_the_store_is_refused(vol: VolumeEnv, tmp_pat
     )  # fmt: skip
     assert "is inside the store" in one_line(result, USAGE)
     assert fingerprint(vol.store) == before
+    # A path through a symlink into the store, then "..": still inside it.
+    (tmp_path / "link").symlink_to(vol.store / "l")
+    result = sealfs(
+        "key", "add", str(vol.store), "recovery", "--passphrase-file", str(vol.passfile),
+        "--new-recovery-key-file", f"{tmp_path}/link/../rk.txt",
+    )  # fmt: skip
+    assert "is inside the store" in one_line(result, USAGE)
+    assert fingerprint(vol.store) == before
 
 
 def test_output_into_a_closed_pipe_ends_quietly(vol: VolumeEnv) -> None:
