@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from typing import NoReturn
 
@@ -112,6 +113,17 @@ def report_bug(exc: Exception) -> int:
     return BUG
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end was closed (a broken pipe elsewhere,
+    a socket say, is an error to report)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -122,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sealfs: interrupted", file=sys.stderr)
         return USAGE
-    except BrokenPipeError:
-        # The reader went away (`sealfs status --json | head -1`): nothing to say, and
-        # the flush at exit must not fail on the closed pipe again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return FAILURE
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+            # `sealfs status --json | head -1`: nothing to say, and the flush at exit
+            # must not fail on the closed pipe again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return FAILURE
         print(f"sealfs: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return FAILURE
     except Exception as exc:

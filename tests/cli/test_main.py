@@ -142,3 +142,12 @@ def test_expected_errors_keep_their_codes(
     monkeypatch.setattr(main_module, "setup_logging", _raise(exc))
     assert main(["status", "store"]) == code
     assert "bug" not in capsys.readouterr().err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a closed stdout ends quietly: a broken pipe elsewhere is an error to show."""
+    monkeypatch.setattr(main_module, "setup_logging", _raise(BrokenPipeError(32, "Broken pipe")))
+    assert main(["status", "store"]) == FAILURE
+    assert capsys.readouterr().err.strip() == "sealfs: Broken pipe"
