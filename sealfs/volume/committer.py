@@ -29,6 +29,7 @@ from sealfs.errors import (
     MetadataTooLargeError,
     ObjectExistsError,
     SealfsError,
+    StoreUnavailableError,
     WriterStoppedError,
 )
 from sealfs.meta import ops
@@ -129,8 +130,15 @@ class Committer:
             self.kick()
             done = self._done
             await done.wait()
-            if self._failure is not None and self._finished >= target:
-                raise self._failure
+            failure = self._failure
+            if failure is not None and (
+                self._finished >= target or isinstance(failure, StoreUnavailableError)
+            ):
+                # A commit already running when this caller came failed because the
+                # store stayed unreachable for the whole store timeout: waiting for one
+                # more commit would make the caller wait that timeout again (twice the
+                # documented bound). The data stays queued; a later commit carries it.
+                raise failure
 
     async def loop(self) -> None:
         """Commit every interval while there is work, and at once when asked."""

@@ -176,6 +176,32 @@ def test_a_stalled_service_fails_fsync_by_the_store_timeout(
     env.umount()
 
 
+def test_fsync_behind_a_failing_background_commit_fails_within_the_store_timeout(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """An fsync that comes while the interval commit is already retrying must not wait
+    for that commit to time out and then for a whole store timeout more of its own."""
+    env = s3_env
+    env.mount("--store-timeout", "8", "--commit-interval", "0.5")
+    proxy.close()
+    with open(env.mnt / "late.bin", "wb") as f:
+        f.write(b"x" * 5000)
+        f.flush()
+        time.sleep(5)  # the interval commit has started and keeps failing
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            os.fsync(f.fileno())
+        waited = time.monotonic() - started
+        assert info.value.errno == errno.EIO
+        assert waited < 8, f"fsync failed only after {waited:.1f} s (--store-timeout 8)"
+        proxy.reopen()
+        os.fsync(f.fileno())
+    env.umount()
+    env.mount()
+    assert_holds(env.mnt, {"late.bin": b"x" * 5000})
+    env.umount()
+
+
 def test_hot_reads_send_no_request_and_status_counts_requests(s3_env: S3VolumeEnv) -> None:
     env = s3_env
     env.mount()
