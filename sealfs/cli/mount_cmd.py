@@ -132,7 +132,21 @@ def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> i
         mountpoint,
         loaded.live.generation,
     )
-    serve(volume, mountpoint, lambda: report(0, "ready"))
+    try:
+        serve(volume, mountpoint, lambda: report(0, "ready"))
+    except SealfsError as exc:
+        # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
+        # the mount is gone, and with it whatever that commit would have carried.
+        committed = volume.commits.last_commit_ns / 1e9
+        log.error(
+            "unmounted %s without its final commit: %s. Data written after the last"
+            " commit (generation %d, %s) is lost.",
+            mountpoint,
+            exc,
+            volume.commits.generation,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
+        )
+        return exit_code(exc)
     return 0
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from sealfs.errors import ConfigError, MountpointBusyError
+from sealfs.errors import ConfigError, MountpointBusyError, SealfsError
 from sealfs.fuse.operations import Operations
 from sealfs.volume.engine import Volume
 
@@ -58,9 +58,24 @@ def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None
     _tune_malloc()
     try:
         trio.run(_main, volume, mountpoint, on_ready)
+    except BaseExceptionGroup as group:
+        # The final commit failed (the store unreachable, fenced...): trio wraps it in
+        # its nurseries' groups. Raise the error itself, for the caller to report.
+        failures, rest = group.split(SealfsError)
+        if failures is None or rest is not None:
+            raise
+        raise _first_leaf(failures) from group
     finally:
         with contextlib.suppress(Exception):
             pyfuse3.close(unmount=True)
+
+
+def _first_leaf(group: BaseExceptionGroup[SealfsError]) -> SealfsError:
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, SealfsError)
+    return first
 
 
 async def _main(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:

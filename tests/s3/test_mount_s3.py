@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -199,6 +200,34 @@ def test_fsync_behind_a_failing_background_commit_fails_within_the_store_timeout
     env.umount()
     env.mount()
     assert_holds(env.mnt, {"late.bin": b"x" * 5000})
+    env.umount()
+
+
+def test_sigterm_whose_final_commit_fails_says_what_is_lost(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """SIGTERM (a shutdown) unmounts after a final commit; if the store is down, that
+    commit fails and the data since the last commit is gone: the log must say so (the
+    daemon used to exit without a word, and --foreground called it a bug, exit 70)."""
+    env = s3_env
+    env.mount("--store-timeout", "2", "--commit-interval", "60")
+    checkpoint(env.mnt, "kept.bin", b"k" * 1000)
+    proxy.close()
+    (env.mnt / "unsaved.bin").write_bytes(b"u" * 3000)
+    (pid,) = env.daemon_pids()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while env.daemon_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not env.daemon_pids()
+    env._disarm_watchdog()
+    proxy.reopen()
+    log = env.log_text()
+    assert "without its final commit" in log and "is lost" in log, log[-2000:]
+    assert "Traceback" not in log
+    env.mount()
+    assert_holds(env.mnt, {"kept.bin": b"k" * 1000})
+    assert not (env.mnt / "unsaved.bin").exists()
     env.umount()
 
 
