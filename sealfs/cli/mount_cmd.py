@@ -35,14 +35,10 @@ log = logging.getLogger("sealfs.cli")
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("mount", help=COMMANDS["mount"].help)
-    p.add_argument("store")
-    p.add_argument("mountpoint")
-    add_unlock_options(
-        p,
-        store_timeout=DEFAULT_STORE_TIMEOUT,
-        store_timeout_help="how long fsync (and mounting) waits for an unreachable store"
-        " before failing; commits resume when it is back",
-    )
+    p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
+    p.add_argument("mountpoint", help="an empty directory outside the store")
+    add_unlock_options(p)
+    p.set_defaults(store_timeout=DEFAULT_STORE_TIMEOUT)  # fsyncs ride out an outage
     add_cache_options(p)
     p.add_argument(
         "--commit-interval",

@@ -16,12 +16,7 @@ from sealfs.volume.loader import Loaded, load_unlocked, read_header
 COMMAND_STORE_TIMEOUT = 30.0
 
 
-def add_unlock_options(
-    p: argparse.ArgumentParser,
-    *,
-    store_timeout: float = COMMAND_STORE_TIMEOUT,
-    store_timeout_help: str = "how long to wait for an unreachable store",
-) -> None:
+def add_unlock_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--passphrase-file",
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE;"
@@ -29,21 +24,19 @@ def add_unlock_options(
     )
     p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
-    add_s3_options(p, store_timeout=store_timeout, store_timeout_help=store_timeout_help)
+    add_s3_options(p)
 
 
-def add_s3_options(
-    p: argparse.ArgumentParser,
-    *,
-    store_timeout: float = COMMAND_STORE_TIMEOUT,
-    store_timeout_help: str = "how long to wait for an unreachable store",
-) -> None:
+def add_s3_options(p: argparse.ArgumentParser) -> None:
+    """--store-timeout (a mount sets its own default) and --s3-endpoint."""
     p.add_argument(
         "--store-timeout",
         type=float,
-        default=store_timeout,
+        default=COMMAND_STORE_TIMEOUT,
         metavar="SECONDS",
-        help=f"{store_timeout_help} (default {store_timeout:.0f})",
+        help="how long to wait for an unreachable store before failing (default"
+        " %(default).0f); a mount's fsync then fails with EIO, and commits resume when"
+        " the store is back",
     )
     p.add_argument(
         "--s3-endpoint",
