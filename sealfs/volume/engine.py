@@ -73,7 +73,7 @@ class DirHandle:
     """An open directory: the listing a pass of readdir pages through."""
 
     ino: int
-    listing: list[tuple[bytes, int]]
+    names: list[bytes]  # in listing order; each is looked up when its page is served
 
 
 class Volume:
@@ -642,15 +642,14 @@ class Volume:
         if not isinstance(handle, DirHandle):
             raise FsError(errno.EBADF)
         directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
-        entries = directory.entries if directory is not None else None
+        entries = (directory.entries if directory is not None else None) or {}
         if start == 0:
-            handle.listing = sorted(entries.items()) if entries else []
-        listing = handle.listing
-        current = entries or {}
+            handle.names = sorted(entries)
+        names = handle.names
         out = []
-        for index in range(start, len(listing)):
-            name = listing[index][0]
-            ino = current.get(name)  # None: renamed or removed since the pass began
+        for index in range(start, len(names)):
+            name = names[index]
+            ino = entries.get(name)  # None: renamed or removed since the pass began
             inode = self.meta.inodes.get(ino) if ino is not None else None
             if inode is not None:
                 out.append(DirEntry(name, self._attr(inode), index + 1))
