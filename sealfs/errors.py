@@ -118,3 +118,15 @@ class FsError(SealfsError):
     def __init__(self, errno: int, message: str | None = None) -> None:
         self.errno = errno
         super().__init__(message or _errno.errorcode.get(errno, str(errno)))
+
+
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first error inside an exception group, however deep (exc itself if no group).
+
+    trio wraps a task's error in its nursery's group, and nested nurseries nest
+    groups; callers that handle one typed error (the commit loop, fsync, the
+    mount's final commit) want that error itself.
+    """
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

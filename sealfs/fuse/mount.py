@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from sealfs.errors import ConfigError, MountpointBusyError, SealfsError
+from sealfs.errors import ConfigError, MountpointBusyError, SealfsError, first_leaf
 from sealfs.fuse.operations import Operations
 from sealfs.volume.engine import Volume
 
@@ -64,18 +64,10 @@ def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None
         failures, rest = group.split(SealfsError)
         if failures is None or rest is not None:
             raise
-        raise _first_leaf(failures) from group
+        raise first_leaf(failures) from group
     finally:
         with contextlib.suppress(Exception):
             pyfuse3.close(unmount=True)
-
-
-def _first_leaf(group: BaseExceptionGroup[SealfsError]) -> SealfsError:
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, SealfsError)
-    return first
 
 
 async def _main(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
-from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError, first_leaf
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -539,9 +539,7 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
         async with trio.open_nursery() as nursery:
             yield nursery
     except BaseExceptionGroup as group:
-        first: BaseException = group
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
+        first = first_leaf(group)
         if not isinstance(first, Exception):
             raise
         raise first from None
