@@ -186,8 +186,7 @@ def _log_path(given: str | None, mountpoint: str) -> str:
         (state / "sealfs").mkdir(parents=True, exist_ok=True)
         given = str(state / "sealfs" / "sealfs.log")
     path = os.path.abspath(given)
-    mount_real = os.path.realpath(mountpoint)
-    if os.path.commonpath([os.path.realpath(path), mount_real]) == mount_real:
+    if inside(path, mountpoint):
         raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")
     try:
         with open(path, "a", encoding="utf-8"):
@@ -218,6 +217,11 @@ def live_status(mnt: str) -> dict[str, object] | None:
     """
     if not is_mounted(mnt):
         raise ConfigError(f"{mnt} is not mounted")
+    return mounted_status(mnt)
+
+
+def mounted_status(mnt: str) -> dict[str, object] | None:
+    """live_status of a path known to be a mountpoint."""
     try:
         return read_status(mnt)
     except OSError as exc:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.mount_cmd import live_status
+from sealfs.cli.mount_cmd import mounted_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import NotAVolumeError, SealfsError
@@ -32,7 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
     if is_mounted(args.target):
-        status = live_status(args.target)
+        status = mounted_status(args.target)
         if status is None:
             raise SealfsError(  # exit 1, as sync and umount say it
                 f"the daemon of {args.target} has died: run 'sealfs umount {args.target}'"
