@@ -60,6 +60,8 @@ from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import RekeyProgress
 
 POLL_SECONDS = 0.25
+# What the error of a stopped rekey adds, whether it ran on a mount or here.
+RERUN = "the old key stays until the rekey finishes: fix the cause, then run 'sealfs rekey' again"
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
@@ -237,8 +239,7 @@ def _follow_mount(mountpoint: str) -> RekeyProgress:
                     return progress
                 if progress.stopped:
                     raise SealfsError(
-                        f"the rekey of {mountpoint} stopped: {progress.error}; the old key"
-                        " stays until it finishes: fix the cause, then run 'sealfs rekey' again"
+                        f"the rekey of {mountpoint} stopped: {progress.error}; {RERUN}"
                     )
             time.sleep(POLL_SECONDS)
 
@@ -258,8 +259,5 @@ async def _rekey_here(loaded: Loaded) -> RekeyProgress:
             bar.update(task, total=rekey.progress.listed, completed=rekey.progress.checked)
     if not rekey.progress.finished:  # stopped: say why, once the volume is released
         failure = rekey.failure or SealfsError(f"the rekey stopped: {rekey.progress.error}")
-        raise type(failure)(
-            f"{failure}; the old key stays until the rekey finishes: fix the cause, then run"
-            " 'sealfs rekey' again"
-        )
+        raise type(failure)(f"{failure}; {RERUN}")
     return rekey.progress
