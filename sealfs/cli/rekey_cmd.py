@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import socket
 import sys
 import time
@@ -29,6 +28,7 @@ from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import ConfigError, SealfsError, WriterConflictError
+from sealfs.fuse.mount import mounts
 from sealfs.fuse.operations import REKEY_XATTR
 from sealfs.keys.header import Keyslot, decode_header
 from sealfs.keys.hsm import TokenKey, check_trusted_module, pkcs11_slot_maker
@@ -62,7 +62,6 @@ from sealfs.volume.rekey import RekeyProgress
 POLL_SECONDS = 0.25
 # What the error of a stopped rekey adds, whether it ran on a mount or here.
 RERUN = "the old key stays until the rekey finishes: fix the cause, then run 'sealfs rekey' again"
-_OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -198,14 +197,7 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
 
 
 def _sealfs_mounts() -> list[str]:
-    with open("/proc/self/mounts", "rb") as f:
-        rows = [line.split() for line in f]
-    # Mount points escape space, tab, newline and backslash as octal (\040 ...).
-    return [
-        os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), row[1]))
-        for row in rows
-        if len(row) > 2 and row[2] == b"fuse.sealfs"
-    ]
+    return [mountpoint for mountpoint, kind in mounts() if kind == "fuse.sealfs"]
 
 
 def _bar() -> Progress:

@@ -87,20 +87,32 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def mounts() -> list[tuple[str, str]]:
+    """(mountpoint, file system type) of every mount this process sees.
+
+    From /proc/self/mounts, which writes space, tab, newline and backslash in
+    paths as octal escapes (\\040 ...).
+    """
+    with open("/proc/self/mounts", "rb") as f:
+        rows = [line.split() for line in f]
+    return [
+        (os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), row[1])), row[2].decode())
+        for row in rows
+        if len(row) > 2
+    ]
+
+
 def is_mounted(path: str) -> bool:
-    """Whether something is mounted on path, per /proc/self/mountinfo.
+    """Whether something is mounted on path, per the mount table.
 
     os.path.ismount stats the path, and a mount whose daemon died answers
     ENOTCONN: it looked unmounted, so nothing could clean it up.
     """
     target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        return any(_unescape(line.split(" ", 5)[4]) == target for line in f)
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+    return any(mountpoint == target for mountpoint, _ in mounts())
 
 
 def _answers(mountpoint: str) -> bool:
