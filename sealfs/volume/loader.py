@@ -314,15 +314,26 @@ START_TIME_SLACK_NS = 2_000_000_000  # /proc's boot time is whole seconds; ticks
 
 def process_start_ns(pid: int) -> int | None:
     """When the process started (ns since the epoch), from /proc; None if unknown."""
+    fields = _proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b") ", 1)[-1].split()
         with open("/proc/stat", "rb") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
         ticks = int(fields[19])  # field 22 of proc(5); fields here start at field 3
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return (boot * 1_000_000_000) + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat from the third (the state) on; [] if unreadable.
+
+    Split after the last ") ": the command name before it may hold spaces and ")".
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b") ", 1)[-1].split()
+    except OSError:
+        return []
 
 
 def pid_alive(pid: int) -> bool:
@@ -335,10 +346,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as f:
-        if f.read().rsplit(b") ", 1)[-1][:1] == b"Z":
-            return False  # a zombie holds no mount
-    return True
+    return _proc_stat(pid)[:1] != [b"Z"]  # a zombie holds no mount
 
 
 def _exists(store: ObjectStore, name: str) -> bool:
