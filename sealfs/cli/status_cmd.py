@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from typing import Any
 
 from rich.console import Console
@@ -16,7 +15,7 @@ from sealfs.cli.mount_cmd import mounted_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import NotAVolumeError, SealfsError
-from sealfs.fuse.mount import is_mounted
+from sealfs.fuse.mount import is_empty_dir, is_mounted
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
@@ -39,7 +38,7 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             )
         return status
     target = args.target
-    if os.path.isdir(target) and not os.listdir(target):  # an unmounted mountpoint, likely
+    if is_empty_dir(target):  # an unmounted mountpoint, likely
         raise NotAVolumeError(
             f"{target} is neither mounted nor a volume: give a live mountpoint or a store"
             f" (or create a volume there with 'sealfs init {target}')"

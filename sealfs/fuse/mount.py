@@ -115,6 +115,14 @@ def is_mounted(path: str) -> bool:
     return any(mountpoint == target for mountpoint, _ in mounts())
 
 
+def is_empty_dir(path: str) -> bool:
+    """Whether path is a directory with no entries (without listing a large one)."""
+    if not os.path.isdir(path):
+        return False
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
+
+
 def _answers(mountpoint: str) -> bool:
     """False for a FUSE mount whose daemon is gone (every request fails ENOTCONN).
 
@@ -139,12 +147,11 @@ def _check_mountpoint(mountpoint: str) -> None:
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory")
-    with os.scandir(mountpoint) as entries:
-        if next(entries, None) is not None:
-            raise ConfigError(
-                f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
-                " use an empty directory"
-            )
+    if not is_empty_dir(mountpoint):
+        raise ConfigError(
+            f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
+            " use an empty directory"
+        )
 
 
 async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> None:
