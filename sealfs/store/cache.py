@@ -4,11 +4,11 @@ Only names under "c/" are cached: a chunk's content never changes, and the one
 replacement of a chunk (a rekey re-sealing it in place) goes through this
 store, which updates the copy. A fetch that a write overlaps does not fill the
 cache (it may hold the bytes from before the write). The header, log segments
-and snapshots always go to the store. The
-cache holds exactly the sealed bytes the store holds (file cache_dir/c/ab/id
-for object c/ab/id), never plaintext. Size is bounded by LRU eviction; the
-index (sizes and access order) lives in memory and is rebuilt from the
-directory, ordered by mtime, on start.
+and snapshots always go to the store. The cache holds exactly the sealed
+bytes the store holds (file cache_dir/c/ab/id for object c/ab/id), never
+plaintext. Size is bounded by LRU eviction; the index (sizes and access
+order) lives in memory and is rebuilt from the directory, ordered by mtime,
+on start.
 
 A cache failure never fails an operation: a cache write that fails (a full
 disk, any OSError) logs a warning (at most one per ten minutes) and the

@@ -4,10 +4,10 @@ Supported forms: a directory path or file:///abs/path (LocalStore behind
 RetryingStore) and s3://bucket/prefix (S3Store behind RetryingStore). There
 is no memory:// for the command line: init reported a volume created and
 kept nothing (engine tests build a MemoryStore themselves). A CachingStore
-goes on top when a cache
-directory is given; for S3 stores it is on by default (under
-~/.cache/sealfs/<hash of the URL>), so that re-reading a hot file sends no
-request. Messages never echo a URL beyond its scheme: URLs may carry credentials.
+goes on top when a cache directory is given; for S3 stores it is on by
+default (under ~/.cache/sealfs/<hash of the URL>), so that re-reading a hot
+file sends no request. Messages never echo a URL beyond its scheme: URLs may
+carry credentials.
 
 S3 settings come from the usual places: the endpoint from the s3_endpoint
 argument (--s3-endpoint) or AWS_ENDPOINT_URL (which boto3 reads itself), the
