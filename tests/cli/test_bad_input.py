@@ -22,6 +22,7 @@ import pytest
 
 from sealfs.keys.recovery import FORMAT_HINT, format_recovery_key
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+from tests.s3.server import FAKE_ENV
 
 USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
 
@@ -239,9 +240,7 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
     """Regression: `status` (and init, key, rekey) retried a refused endpoint for 300 s,
     with no option to shorten it, printing a warning every second or two; init then
     showed the option but ignored it."""
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-           "XDG_CACHE_HOME": str(tmp_path)}  # fmt: skip
+    env = {**os.environ, **FAKE_ENV, "XDG_CACHE_HOME": str(tmp_path)}
     started = time.monotonic()
     result = sealfs(
         command, "s3://bucket/volume", "--s3-endpoint", "http://127.0.0.1:1",
