@@ -129,7 +129,7 @@ def decode_snapshot(ring: KeyRing, volume_id: bytes, generation: int, sealed: by
         inode = _inode_from_row(row)
         state.inodes[inode.ino] = inode
         state.note_ino(inode.ino)
-    state.chunks = dict(map(_chunk_from_row, chunk_rows))
+    state.set_chunks(dict(map(_chunk_from_row, chunk_rows)))
     return state
 
 

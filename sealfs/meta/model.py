@@ -73,11 +73,25 @@ class MetaState:
 
     inodes: dict[int, Inode] = field(default_factory=dict)
     chunks: dict[bytes, ChunkInfo] = field(default_factory=dict)
+    # The sum of the chunks' stored sizes, kept by put_chunk and set_chunks so that
+    # statfs need not add up a million rows on the FUSE loop each time df asks.
+    chunks_stored_bytes: int = 0
     generation: int = 0
     head_hash: bytes = bytes(32)
     committed_ns: int = 0
     writer: WriterInfo | None = None
     next_ino: int = ROOT_INO + 1
+
+    def put_chunk(self, chunk_id: bytes, info: ChunkInfo) -> None:
+        """Record a chunk's sizes (a rekey re-seals a chunk in place: replace its row)."""
+        previous = self.chunks.get(chunk_id)
+        self.chunks[chunk_id] = info
+        self.chunks_stored_bytes += info.stored_size - (previous.stored_size if previous else 0)
+
+    def set_chunks(self, table: dict[bytes, ChunkInfo]) -> None:
+        """Replace the whole chunk table, as a snapshot holds it."""
+        self.chunks = table
+        self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
 
     def note_ino(self, ino: int) -> None:
         """Keep next_ino above every inode number seen, so none is ever reused."""

@@ -185,7 +185,7 @@ def _apply_del_xattr(state: MetaState, op: Op, live: bool) -> None:
 
 
 def _apply_chunk(state: MetaState, op: Op, live: bool) -> None:
-    state.chunks[op[1]] = ChunkInfo(op[2], op[3])
+    state.put_chunk(op[1], ChunkInfo(op[2], op[3]))
 
 
 def _apply_writer(state: MetaState, op: Op, live: bool) -> None:

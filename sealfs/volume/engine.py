@@ -723,7 +723,7 @@ class Volume:
 
     async def statfs(self) -> StatFs:
         free = self.loaded.free_bytes()
-        used = sum(c.stored_size for c in self.meta.chunks.values())
+        used = self.meta.chunks_stored_bytes
         files = len(self.meta.inodes)
         return StatFs(
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,

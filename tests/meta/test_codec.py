@@ -49,6 +49,7 @@ def state_signature(state: MetaState) -> dict[str, Any]:
         "next_ino": state.next_ino,
         "writer": state.writer,
         "chunks": dict(state.chunks),
+        "chunks_stored_bytes": state.chunks_stored_bytes,
         "inodes": {ino: inode_signature(inode) for ino, inode in state.inodes.items()},
     }
 

@@ -24,7 +24,7 @@ from sealfs.meta.codec import (
 )
 from sealfs.meta.compact import compact
 from sealfs.meta.extents import Extent
-from sealfs.meta.model import ROOT_INO, MetaState
+from sealfs.meta.model import ROOT_INO, ChunkInfo, MetaState
 from sealfs.meta.replay import replay_segment
 from tests.meta.test_codec import (
     KEYS,
@@ -147,6 +147,17 @@ def test_data_record_sets_size_on_replay_but_not_live() -> None:
     live.inodes[3].size = 500  # newer bytes still buffered
     ops.apply(live, record, live=True)
     assert live.inodes[3].size == 500
+
+
+def test_the_stored_total_follows_every_chunk_row() -> None:
+    """statfs reads the running total, so a re-sealed chunk must replace its row's size."""
+    state = MetaState()
+    ops.apply(state, ops.chunk(b"A" * 32, 100, 80))
+    ops.apply(state, ops.chunk(b"B" * 32, 50, 60))
+    ops.apply(state, ops.chunk(b"A" * 32, 100, 90))  # a rekey re-sealed it
+    assert state.chunks_stored_bytes == 150
+    state.set_chunks({b"C" * 32: ChunkInfo(10, 7)})
+    assert state.chunks_stored_bytes == 7
 
 
 def test_replay_applies_segments_in_order_and_tracks_the_chain() -> None:
