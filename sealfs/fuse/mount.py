@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 from collections.abc import Callable
 
 import pyfuse3
@@ -90,19 +91,24 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
-def mounts() -> list[tuple[str, str]]:
-    """(mountpoint, file system type) of every mount this process sees.
+def mount_table() -> list[tuple[str, str, str]]:
+    """(source, mountpoint, file system type) of every mount this process sees, in order.
 
     From /proc/self/mounts, which writes space, tab, newline and backslash in
     paths as octal escapes (\\040 ...).
     """
     with open("/proc/self/mounts", "rb") as f:
         rows = [line.split() for line in f]
-    return [
-        (os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), row[1])), row[2].decode())
-        for row in rows
-        if len(row) > 2
-    ]
+    return [(_unescape(row[0]), _unescape(row[1]), row[2].decode()) for row in rows if len(row) > 2]
+
+
+def _unescape(field: bytes) -> str:
+    return os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+def mounts() -> list[tuple[str, str]]:
+    """(mountpoint, file system type) of every mount this process sees."""
+    return [(mountpoint, kind) for _, mountpoint, kind in mount_table()]
 
 
 def is_mounted(path: str) -> bool:
@@ -134,7 +140,43 @@ def _answers(mountpoint: str) -> bool:
     return True
 
 
+def _is_sealfs_mount(mountpoint: str) -> bool:
+    """Whether the topmost mount on mountpoint is one that sealfs made (see prepare())."""
+    target = os.path.abspath(mountpoint)
+    on_it = [(source, kind) for source, path, kind in mount_table() if path == target]
+    if not on_it:
+        return False
+    source, kind = on_it[-1]  # the table lists a mount after the ones it covers
+    return kind == "fuse.sealfs" and source.startswith("sealfs:")
+
+
+def _clear_dead_mount(mountpoint: str) -> None:
+    """Lazily unmount a sealfs mount whose daemon died, so the mount about to be made can be.
+
+    A killed daemon leaves its mount answering ENOTCONN: `sealfs mount` refused it
+    and a service restarted on failure (systemd's Restart=on-failure) failed the same
+    way forever, where `sealfs umount` would only have done this. What the dead daemon
+    had not committed is lost already; the new mount replays what it had.
+    """
+    result = subprocess.run(
+        ["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise MountpointBusyError(
+            f"mountpoint {mountpoint} holds a sealfs mount whose daemon died and"
+            f" fusermount3 could not remove it ({result.stderr.strip()}): run"
+            f" 'sealfs umount {mountpoint}'"
+        )
+    log.warning(
+        "removed the dead sealfs mount on %s (its daemon had died; data written after its"
+        " last commit is lost)",
+        mountpoint,
+    )
+
+
 def _check_mountpoint(mountpoint: str) -> None:
+    if _is_sealfs_mount(mountpoint) and not _answers(mountpoint):
+        _clear_dead_mount(mountpoint)
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
         if not _answers(mountpoint):

@@ -94,23 +94,70 @@ def test_a_mount_whose_daemon_died_is_cleared_by_umount(mounted_env: VolumeEnv) 
     env = mounted_env
     (env.mnt / "kept").write_text("committed")
     assert sealfs("sync", str(env.mnt)).returncode == 0
+    kill_daemons(env)
+    assert "has died" in one_line(sealfs("sync", str(env.mnt)), FAILURE)
+    assert "has died" in one_line(sealfs("status", str(env.mnt)), FAILURE)
+    assert "removed the stale mount" in one_line(sealfs("umount", str(env.mnt)), FAILURE)
+    assert not env.is_mounted()
+    env.mount()
+    assert (env.mnt / "kept").read_text() == "committed"
+
+
+def kill_daemons(env: VolumeEnv) -> None:
+    """SIGKILL the mount's daemon and wait until it is gone, leaving its dead mount."""
     for pid in env.daemon_pids():
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while env.daemon_pids() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert env.is_mounted() and not env.daemon_pids()
-    assert "has died" in one_line(sealfs("sync", str(env.mnt)), FAILURE)
-    assert "has died" in one_line(sealfs("status", str(env.mnt)), FAILURE)
-    again = sealfs(
-        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
-        "--log-file", str(env.log),
-    )  # fmt: skip
-    assert f"run 'sealfs umount {env.mnt}'" in one_line(again, BUSY)
-    assert "removed the stale mount" in one_line(sealfs("umount", str(env.mnt)), FAILURE)
-    assert not env.is_mounted()
-    env.mount()
+
+
+def test_mount_replaces_a_sealfs_mount_whose_daemon_died(mounted_env: VolumeEnv) -> None:
+    """Regression: mount refused a dead sealfs mount ("run 'sealfs umount' first"), so a
+    service restarted on failure (systemd Restart=on-failure) failed the same way forever
+    after a crash, and never came back without a human."""
+    env = mounted_env
+    (env.mnt / "kept").write_text("committed")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    kill_daemons(env)
+    again = env.mount()
+    assert "removed the dead sealfs mount" in one_line(again, 0)
     assert (env.mnt / "kept").read_text() == "committed"
+    live = sealfs(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log), "--read-only",
+    )  # fmt: skip
+    assert "busy" in one_line(live, BUSY)  # a live mount stays
+    assert (env.mnt / "kept").read_text() == "committed"
+    env.umount()
+
+
+DEAD_FUSE = """
+import sys, pyfuse3, trio
+options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
+pyfuse3.init(pyfuse3.Operations(), sys.argv[1], options)
+trio.run(pyfuse3.main)
+"""
+
+
+def test_mount_refuses_a_dead_mount_of_another_file_system(volume_env: VolumeEnv) -> None:
+    """Only a dead mount that sealfs made is removed by mount: another FUSE file system's
+    is its owner's to clear, even when its name mimics sealfs's."""
+    env = volume_env
+    other = subprocess.Popen([sys.executable, "-c", DEAD_FUSE, str(env.mnt)])
+    try:
+        deadline = time.monotonic() + 10
+        while str(env.mnt) not in Path("/proc/self/mounts").read_text():
+            assert time.monotonic() < deadline and other.poll() is None
+            time.sleep(0.02)
+        other.kill()
+        other.wait(timeout=10)
+        assert f"run 'sealfs umount {env.mnt}'" in one_line(env.mount(check=False), BUSY)
+        assert str(env.mnt) in Path("/proc/self/mounts").read_text()
+    finally:
+        other.kill()
+        subprocess.run(["fusermount3", "-u", "-z", str(env.mnt)], capture_output=True, check=False)
 
 
 def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
