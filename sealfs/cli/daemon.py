@@ -83,8 +83,18 @@ def _close_inherited_fds(keep: int) -> None:
 def _redirect_stdio(log_path: str) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
+    os.close(devnull)
+    reopen_log(log_path)
+
+
+def reopen_log(log_path: str) -> None:
+    """Point stdout and stderr (the daemon's log) at log_path, created if missing.
+
+    At SIGHUP too: logrotate moves the file away and creates a new one, and a
+    daemon that kept its old descriptor wrote on into the rotated file forever.
+    """
+    sys.stderr.flush()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    os.close(devnull)
     os.close(log_fd)

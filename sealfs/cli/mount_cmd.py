@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.daemon import Report, daemonize
+from sealfs.cli.daemon import Report, daemonize, reopen_log
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside
@@ -101,7 +102,7 @@ def run_mount(args: argparse.Namespace) -> int:
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
     if args.foreground:
-        return _serve(loaded, volume, mountpoint, lambda code, msg: None)
+        return _serve(loaded, volume, mountpoint, lambda code, msg: None, _log_on_stderr)
     return daemonize(
         lambda report: _serve_daemon(loaded, volume, mountpoint, report, log_path), log_path
     )
@@ -111,10 +112,29 @@ def _serve_daemon(
     loaded: Loaded, volume: Volume, mountpoint: str, report: Report, log_path: str
 ) -> int:
     setup_logging(log_path=None, verbose=False)  # stderr is the log file now
-    return _serve(loaded, volume, mountpoint, report)
+
+    def reopen() -> None:
+        try:
+            reopen_log(log_path)
+        except OSError as exc:  # the old file stays in use
+            log.error("received SIGHUP: cannot reopen log file %s: %s", log_path, exc.strerror)
+            return
+        log.info("received SIGHUP: reopened log file %s", log_path)
+
+    return _serve(loaded, volume, mountpoint, report, reopen)
 
 
-def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> int:
+def _log_on_stderr() -> None:
+    log.info("received SIGHUP: logging to stderr, no log file to reopen")
+
+
+def _serve(
+    loaded: Loaded,
+    volume: Volume,
+    mountpoint: str,
+    report: Report,
+    on_hangup: Callable[[], None],
+) -> int:
     try:
         if not volume.read_only:
             claim_writer(loaded)  # by the process that writes, so its pid is the one recorded
@@ -129,7 +149,7 @@ def _serve(loaded: Loaded, volume: Volume, mountpoint: str, report: Report) -> i
         loaded.live.generation,
     )
     try:
-        serve(volume, mountpoint, lambda: report(0, "ready"))
+        serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
     except SealfsError as exc:
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.

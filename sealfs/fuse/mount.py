@@ -3,7 +3,8 @@
 prepare() runs before a daemon forks (so that a bad mountpoint is reported on
 the terminal); serve() runs in the process that stays, and owns trio, the
 worker threads and the commit loop. An unmount by the kernel (fusermount3
--u) or SIGTERM/SIGINT ends serve() after a final commit.
+-u) or SIGTERM/SIGINT ends serve() after a final commit; SIGHUP does not end it
+(logrotate's reopen signal: the caller decides what it does).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
         options.add("allow_other")
     if volume.read_only:
         options.add("ro")
+    # SIGHUP's default action killed the process like a crash: no final commit, and a
+    # dead mount left behind. serve() hands it to its caller; until then it is ignored.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         pyfuse3.init(Operations(volume), mountpoint, options)
     except RuntimeError as exc:
@@ -54,11 +58,19 @@ def abandon() -> None:
     pyfuse3.close(unmount=True)
 
 
-def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:
-    """Answer requests until unmounted or signalled; commit everything on the way out."""
+def serve(
+    volume: Volume,
+    mountpoint: str,
+    on_ready: Callable[[], None],
+    on_hangup: Callable[[], None] = lambda: None,
+) -> None:
+    """Answer requests until unmounted or signalled; commit everything on the way out.
+
+    on_hangup runs at each SIGHUP (a daemon reopens its log file for logrotate).
+    """
     _tune_malloc()
     try:
-        trio.run(_main, volume, mountpoint, on_ready)
+        trio.run(_main, volume, mountpoint, on_ready, on_hangup)
     except BaseExceptionGroup as group:
         # The final commit failed (the store unreachable, fenced...): trio wraps it in
         # its nurseries' groups. Raise the error itself, for the caller to report.
@@ -71,18 +83,26 @@ def serve(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None
             pyfuse3.close(unmount=True)
 
 
-async def _main(volume: Volume, mountpoint: str, on_ready: Callable[[], None]) -> None:
+async def _main(
+    volume: Volume,
+    mountpoint: str,
+    on_ready: Callable[[], None],
+    on_hangup: Callable[[], None],
+) -> None:
     async with volume.running(), trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        nursery.start_soon(_watch_signals, on_hangup)
         nursery.start_soon(_ready_when_serving, mountpoint, on_ready)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         nursery.cancel_scope.cancel()
     log.info("unmounted %s", mountpoint)
 
 
-async def _watch_signals(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _watch_signals(on_hangup: Callable[[], None]) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                on_hangup()
+                continue
             log.info("received %s: committing and unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return

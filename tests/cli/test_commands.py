@@ -160,6 +160,29 @@ def test_mount_refuses_a_dead_mount_of_another_file_system(volume_env: VolumeEnv
         subprocess.run(["fusermount3", "-u", "-z", str(env.mnt)], capture_output=True, check=False)
 
 
+def test_sighup_reopens_the_log_file_and_keeps_serving(volume_env: VolumeEnv) -> None:
+    """Regression: SIGHUP (logrotate's postrotate 'kill -HUP') killed the daemon with its
+    default action: no final commit, a dead mount, and what was not committed lost."""
+    env = volume_env
+    env.mount("--commit-interval", "60")
+    (pid,) = env.daemon_pids()
+    (env.mnt / "pending").write_text("not committed yet")
+    rotated = env.log.with_name("daemon.log.1")
+    env.log.rename(rotated)  # logrotate's create mode: move, then signal
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "reopened log file" not in env.log_text():
+        assert time.monotonic() < deadline, rotated.read_text()
+        time.sleep(0.02)
+    assert env.daemon_pids() == [pid]
+    assert (env.mnt / "pending").read_text() == "not committed yet"
+    env.umount()
+    assert "unmounted" in env.log_text() and "unmounted" not in rotated.read_text()
+    env.mount()
+    assert (env.mnt / "pending").read_text() == "not committed yet"
+    env.umount()
+
+
 def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
     """Regression: `sealfs sync` on another file system's mount returned 0, silently."""
     target = tmp_path / "tmpfs"
