@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pyfuse3
 import trio
@@ -89,23 +89,33 @@ async def _main(
     on_ready: Callable[[], None],
     on_hangup: Callable[[], None],
 ) -> None:
-    async with volume.running(), trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, on_hangup)
-        nursery.start_soon(_ready_when_serving, mountpoint, on_ready)
-        await pyfuse3.main(min_tasks=4, max_tasks=64)
-        nursery.cancel_scope.cancel()
+    # The receiver stays open until the final commit is done: closed after the first
+    # SIGTERM or SIGINT, it gave a second one (Ctrl-C pressed again, a wrapper such as
+    # timeout(1) forwarding it) the default action, which killed the daemon in the
+    # middle of its final commit and lost what that commit carried.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as watching:
+            watching.start_soon(_watch_signals, signals, on_hangup)
+            async with volume.running(), trio.open_nursery() as nursery:
+                nursery.start_soon(_ready_when_serving, mountpoint, on_ready)
+                await pyfuse3.main(min_tasks=4, max_tasks=64)
+                nursery.cancel_scope.cancel()
+            watching.cancel_scope.cancel()
     log.info("unmounted %s", mountpoint)
 
 
-async def _watch_signals(on_hangup: Callable[[], None]) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                on_hangup()
-                continue
-            log.info("received %s: committing and unmounting", signal.Signals(signum).name)
+async def _watch_signals(signals: AsyncIterator[int], on_hangup: Callable[[], None]) -> None:
+    terminating = False
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            on_hangup()
+        elif terminating:
+            log.info("received %s: already committing and unmounting", name)
+        else:
+            log.info("received %s: committing and unmounting", name)
             pyfuse3.terminate()
-            return
+            terminating = True
 
 
 _OCTAL = re.compile(rb"\\([0-7]{3})")

@@ -183,6 +183,33 @@ def test_sighup_reopens_the_log_file_and_keeps_serving(volume_env: VolumeEnv) ->
     env.umount()
 
 
+def test_a_second_sigterm_during_the_final_commit_does_not_kill_it(
+    volume_env: VolumeEnv,
+) -> None:
+    """Regression: once the first SIGTERM was handled, a second one (Ctrl-C pressed
+    again, a wrapper forwarding the signal) killed the daemon in the middle of its final
+    commit: what was pending was lost and the mount left dead."""
+    env = volume_env
+    env.mount("--commit-interval", "60")
+    (pid,) = env.daemon_pids()
+    data = os.urandom(24 << 20)  # enough that the final commit takes a while
+    (env.mnt / "pending").write_bytes(data)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while "committing and unmounting" not in env.log_text():
+        assert time.monotonic() < deadline, env.log_text()
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGTERM)
+    while env.daemon_pids():
+        assert time.monotonic() < deadline + 20, env.log_text()
+        time.sleep(0.02)
+    assert not env.is_mounted(), env.log_text()
+    assert "already committing" in env.log_text()
+    env.mount()
+    assert (env.mnt / "pending").read_bytes() == data
+    env.umount()
+
+
 def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
     """Regression: `sealfs sync` on another file system's mount returned 0, silently."""
     target = tmp_path / "tmpfs"
