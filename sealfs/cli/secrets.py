@@ -92,7 +92,9 @@ def secret_source(explicit: str | None, env: str, credential: str) -> str | None
     if os.environ.get(env):
         return os.environ[env]
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
-    if creds and (Path(creds) / credential).is_file():
+    # Present, not is_file(): a credential that is a directory or a FIFO is refused by
+    # name when read, where it was taken for no credential ("no passphrase") before.
+    if creds and os.path.lexists(Path(creds) / credential):
         return str(Path(creds) / credential)
     return None
 
@@ -141,9 +143,7 @@ def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> 
     if source is not None:
         return normalize_passphrase(read_secret_file(source, what))
     if not sys.stdin.isatty():
-        raise ConfigError(
-            f"no {what}: give {flag} FILE, set {env}=FILE, or run on a terminal to be asked"
-        )
+        raise _no_secret(what, flag, env, credential)
     prompt = what.capitalize()
     first = getpass.getpass(f"{prompt}: ").encode()
     if not first:
@@ -153,6 +153,24 @@ def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> 
             f"the two passphrases differ: nothing was {'changed' if new else 'created'}"
         )
     return normalize_passphrase(first)
+
+
+def _no_secret(what: str, flag: str, env: str, credential: str) -> ConfigError:
+    """The error when no source gives the secret and no terminal can ask for it.
+
+    Under systemd, the usual cause is a credential loaded under another name: say
+    which name sealfs looks for, and where.
+    """
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        return ConfigError(
+            f"no {what}: the credentials directory {creds} holds no {credential}"
+            f" (use LoadCredential={credential}:FILE), and neither {flag} nor {env} is given"
+        )
+    return ConfigError(
+        f"no {what}: give {flag} FILE, set {env}=FILE, load the systemd credential"
+        f" {credential}, or run on a terminal to be asked"
+    )
 
 
 def write_new_secret_file(path: str, text: str) -> None:

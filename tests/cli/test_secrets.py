@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from sealfs.cli.init_cmd import recovery_slot_stored
-from sealfs.cli.secrets import MAX_SECRET_FILE_BYTES, read_secret_file, secret_file_for_new_slot
+from sealfs.cli.secrets import (
+    MAX_SECRET_FILE_BYTES,
+    get_passphrase,
+    read_secret_file,
+    secret_file_for_new_slot,
+)
 from sealfs.errors import ConfigError, StoreError, TransientStoreError
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
@@ -48,6 +53,39 @@ def test_a_symlink_to_a_regular_file_is_read(tmp_path: Path) -> None:
     target.write_text("pass\n")
     (tmp_path / "link").symlink_to(target)
     assert read_secret_file(tmp_path / "link", "passphrase") == b"pass"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_credential_that_is_not_a_file_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Regression: a sealfs-passphrase credential that was a directory or a FIFO was taken
+    for no credential at all, and the error said "no passphrase"."""
+    credential = tmp_path / "sealfs-passphrase"
+    if kind == "directory":
+        credential.mkdir()
+    else:
+        os.mkfifo(credential)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.delenv("SEALFS_PASSPHRASE_FILE", raising=False)
+    with pytest.raises(ConfigError, match=f"passphrase file {credential} is not a regular file"):
+        get_passphrase(None, confirm=False)
+
+
+def test_a_missing_credential_names_the_credential_sealfs_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: with $CREDENTIALS_DIRECTORY set (a systemd unit) but the credential
+    loaded under another name, the error named only --passphrase-file, the variable and a
+    terminal, and not the credential name sealfs reads."""
+    (tmp_path / "passphrase").write_text("loaded under the wrong name\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.delenv("SEALFS_PASSPHRASE_FILE", raising=False)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    with pytest.raises(ConfigError, match=f"{tmp_path} holds no sealfs-passphrase") as info:
+        get_passphrase(None, confirm=False)
+    assert "LoadCredential=sealfs-passphrase:FILE" in str(info.value)
 
 
 def _unknown() -> bool:
