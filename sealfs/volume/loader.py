@@ -126,8 +126,12 @@ def read_header(store: ObjectStore) -> bytes:
     try:
         return store.get(HEADER_NAME)
     except ObjectNotFoundError:
+        # Not just "run init": at boot the usual cause is a disk not mounted yet, where
+        # init would make a second, empty volume on the directory under it.
         raise NotAVolumeError(
-            f"{store.describe()} is not a sealfs volume (no {HEADER_NAME}): run 'sealfs init' first"
+            f"{store.describe()} is not a sealfs volume (no {HEADER_NAME}): check the path"
+            " (is the disk or bucket that holds the volume there yet?), or run 'sealfs init'"
+            " to create a new volume"
         ) from None
 
 
