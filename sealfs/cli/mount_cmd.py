@@ -77,6 +77,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _options(args: argparse.Namespace) -> VolumeOptions:
+    if args.foreground and args.log_file:
+        # Taken silently before, the file stayed empty while the log went to stderr.
+        raise ConfigError(
+            "--log-file is the daemon's log; with --foreground sealfs logs to stderr:"
+            " redirect that (2>>FILE) or drop --foreground"
+        )
     seconds(args.commit_interval, "--commit-interval")
     seconds(args.store_timeout, "--store-timeout")
     return VolumeOptions(

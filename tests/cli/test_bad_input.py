@@ -138,6 +138,7 @@ def test_store_that_is_not_a_volume(vol: VolumeEnv, tmp_path: Path, contents: st
     before = fingerprint(store)
     err = one_line(mount(vol, "--passphrase-file", str(vol.passfile), store=store), DAMAGED)
     assert "sealfs init" in err
+    assert "check the path" in err  # at boot, the disk holding the volume may not be there
     err = one_line(sealfs("status", str(store), "--passphrase-file", str(vol.passfile)), DAMAGED)
     assert "sealfs init" in err
     assert fingerprint(store) == before
@@ -351,6 +352,14 @@ def test_seconds_that_are_not_finite_are_refused(vol: VolumeEnv, option: list[st
     result = mount(vol, "--passphrase-file", str(vol.passfile), *option)
     assert f"{option[0]} must be a positive number of seconds" in one_line(result, USAGE)
     assert not os.path.ismount(vol.mnt)
+
+
+def test_a_log_file_with_foreground_is_refused(vol: VolumeEnv) -> None:
+    """Regression: the file was taken and stayed empty; the log went to stderr."""
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--foreground")
+    assert "with --foreground sealfs logs to stderr" in one_line(result, USAGE)
+    assert not os.path.ismount(vol.mnt)
+    assert not vol.log.exists()
 
 
 def test_umount_timeout_must_be_a_number_of_seconds(vol: VolumeEnv) -> None:
