@@ -103,7 +103,7 @@ def run_mount(args: argparse.Namespace) -> int:
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         volume = Volume(loaded, options)
-        prepare(volume, mountpoint, allow_other=args.allow_other)
+        prepare(volume, mountpoint, allow_other=args.allow_other, log_file=log_path or None)
         # The metadata just loaded lives as long as the mount: the collector can skip
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
@@ -258,16 +258,24 @@ def mounted_status(mnt: str) -> dict[str, object] | None:
 
 def run_sync(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mountpoint)
-    if live_status(mnt) is None:
+    status = live_status(mnt)
+    if status is None:
         print(f"sealfs: the daemon of {mnt} has died: run 'sealfs umount {mnt}'",
               file=sys.stderr)  # fmt: skip
         return FAILURE
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); see the daemon log", file=sys.stderr)
+        print(f"sealfs: commit failed ({exc.strerror}); see {_daemon_log(status)}",
+              file=sys.stderr)  # fmt: skip
         return FAILURE
     return 0
+
+
+def _daemon_log(status: dict[str, object]) -> str:
+    """Where the daemon's log lines are, as the failure messages name it."""
+    log_file = status.get("log_file")
+    return f"the daemon log {log_file}" if log_file else "the daemon's stderr"
 
 
 def run_umount(args: argparse.Namespace) -> int:
@@ -295,8 +303,8 @@ def run_umount(args: argparse.Namespace) -> int:
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see the daemon log",
-              file=sys.stderr)  # fmt: skip
+        print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see"
+              f" {_daemon_log(status)}", file=sys.stderr)  # fmt: skip
         return FAILURE
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code

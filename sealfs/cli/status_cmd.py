@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
         return 0
     table = Table(title="sealfs status", show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # wrap a long path or URL; cut, it names nothing
     for label, value in _rows(status):
         table.add_row(label, value)
     Console().print(table)
@@ -100,6 +102,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         mode = "read-only" if s["read_only"] else "read-write"
         state = ", FENCED" if s["fenced"] else ", STOPPED" if s.get("stopped") else ""
         rows.append(("daemon", f"pid {s['pid']}, {mode}{state}"))
+        rows.append(("daemon log", s.get("log_file") or "its stderr (--foreground)"))
         if s.get("stopped") and not s["fenced"]:
             rows.append(("stopped", str(s["stopped"])))
     return rows

@@ -32,8 +32,14 @@ log = logging.getLogger("sealfs.fuse")
 READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 128
 
 
-def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
-    """Create the kernel mount. Raises ConfigError or MountpointBusyError naming the problem."""
+def prepare(
+    volume: Volume, mountpoint: str, *, allow_other: bool, log_file: str | None = None
+) -> None:
+    """Create the kernel mount. Raises ConfigError or MountpointBusyError naming the problem.
+
+    log_file: the daemon's log (None: its stderr), which `sealfs status`, `sync` and
+    `umount` name when they report a failure.
+    """
     _check_mountpoint(mountpoint)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
@@ -48,7 +54,7 @@ def prepare(volume: Volume, mountpoint: str, *, allow_other: bool) -> None:
     # dead mount left behind. serve() hands it to its caller; until then it is ignored.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        pyfuse3.init(Operations(volume), mountpoint, options)
+        pyfuse3.init(Operations(volume, log_file), mountpoint, options)
     except RuntimeError as exc:
         raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
 

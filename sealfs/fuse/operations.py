@@ -83,9 +83,11 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, volume: Volume) -> None:
+    def __init__(self, volume: Volume, log_file: str | None = None) -> None:
+        """log_file: where the daemon logs (None: its stderr), for status to name."""
         super().__init__()
         self.volume = volume
+        self.log_file = log_file
         self._timeout = 1.0 if volume.read_only else 60.0
         self._dir_inodes: dict[int, int] = {}
 
@@ -307,7 +309,8 @@ class Operations(pyfuse3.Operations):
     @_boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
-            return json.dumps(volume_status(self.volume)).encode()
+            status = volume_status(self.volume) | {"log_file": self.log_file}
+            return json.dumps(status).encode()
         return await self.volume.getxattr(inode, name)
 
     @_boundary

@@ -71,8 +71,12 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
     assert live["logical_bytes"] == sum(sizes.values())
     assert live["pid"] == env.status()["pid"] and live["read_only"] is False
     assert isinstance(live["generation"], int) and live["generation"] >= 2
+    assert live["log_file"] == str(env.log)  # what a failed sync or umount points to
     table = sealfs("status", str(env.mnt))
     assert table.returncode == 0 and "generation" in table.stdout, table.stderr
+    assert "…" not in table.stdout  # long paths wrap in the table; cut, they named nothing
+    wide = sealfs("status", str(env.mnt), env={**os.environ, "COLUMNS": "500"})
+    assert str(env.log) in wide.stdout
     env.umount()
     stored = status_json(str(env.store), "--passphrase-file", str(env.passfile))
     assert stored["files"] == len(sizes)
