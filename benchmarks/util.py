@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import shutil
@@ -96,9 +97,12 @@ def warm(root: Path) -> None:
 
 
 def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100)."""
+    """Nearest-rank percentile (p in 0..100): the smallest value with at least p % of
+    the values at or below it. ceil, not round(x + 0.5): Python rounds halves to even,
+    so whenever p % of the count was an odd whole number (p99 of 100, p50 of 30) that
+    took the next value up."""
     ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    k = max(0, min(len(ordered) - 1, math.ceil(p * len(ordered) / 100) - 1))
     return ordered[k]
 
 
