@@ -399,8 +399,10 @@ def bench_dedup(ctx: Context) -> list[Figure]:
                        note=f"{(before - initial) / len(base_bytes):.1%} of file")  # fmt: skip
         figures.append(first)
         zstd3 = len(zstandard.ZstdCompressor(level=3).compress(base_bytes))
-        for title, edit, limit in variants:
-            new = edit(maker, base).to_bytes()
+        for step, (title, edit, limit) in enumerate(variants, start=2):
+            # A step of its own: the store keeps every earlier variant's chunks, and a
+            # header alike would let this one reuse the first chunk of another.
+            new = edit(maker, base, step=step).to_bytes()
             t.mount()
             with ctx.profiled(t, "dedup-" + title.split()[0].strip("()")):
                 replace_file(t.path, "checkpoint.json", new)
