@@ -74,7 +74,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("volume id", s["volume_id"]),
         ("generation", str(s["generation"])),
         ("last commit", when),
-        ("pending", f"{format_size(s['pending_bytes'])} buffered, {s['pending_records']} records"),
+        ("pending", _pending(s)),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
         ("logical size", format_size(logical)),
         ("after dedup", f"{format_size(unique)} ({_ratio(logical, unique)})"),
@@ -106,6 +106,15 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         if s.get("stopped") and not s["fenced"]:
             rows.append(("stopped", str(s["stopped"])))
     return rows
+
+
+def _pending(s: dict[str, Any]) -> str:
+    """What a crash now would lose; how much of it is still in memory (a daemon started
+    before an upgrade sends no buffered_bytes)."""
+    text = f"{format_size(s['pending_bytes'])} not committed"
+    if s.get("buffered_bytes") is not None:
+        text += f" ({format_size(s['buffered_bytes'])} in memory)"
+    return f"{text}, {s['pending_records']} records"
 
 
 def _ratio(a: int, b: int) -> str:
