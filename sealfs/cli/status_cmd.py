@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     logical, unique, stored = s["logical_bytes"], s["unique_bytes"], s["stored_bytes"]
+    # A daemon started before an upgrade sends no data_bytes: its ratio counts holes.
+    data = s.get("data_bytes", logical)
     when = datetime.datetime.fromtimestamp(s["last_commit_ns"] / 1e9).isoformat(
         sep=" ", timespec="seconds"
     )
@@ -76,12 +78,14 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("last commit", when),
         ("pending", _pending(s)),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
-        ("logical size", format_size(logical)),
-        ("after dedup", f"{format_size(unique)} ({_ratio(logical, unique)})"),
+        ("logical size", f"{format_size(logical)} ({format_size(data)} outside holes)"),
+        ("after dedup", f"{format_size(unique)} ({_ratio(data, unique)})"),
         ("stored", f"{format_size(stored)} ({_ratio(unique, stored)} compression)"),
         ("chunks", str(s["chunks"])),
-        ("memory cache", format_size(s["memory_cache_bytes"])),
     ]
+    if s.get("store_chunk_bytes") is not None:  # a daemon older than the field sends none
+        rows.append(("chunks in store", _store_chunks(s)))
+    rows.append(("memory cache", format_size(s["memory_cache_bytes"])))
     rows.append(("key epoch", str(s.get("key_epoch", 0))))
     rekey = s.get("rekey")
     if rekey:
@@ -115,6 +119,16 @@ def _pending(s: dict[str, Any]) -> str:
     if s.get("buffered_bytes") is not None:
         text += f" ({format_size(s['buffered_bytes'])} in memory)"
     return f"{text}, {s['pending_records']} records"
+
+
+def _store_chunks(s: dict[str, Any]) -> str:
+    """All chunks stored: nothing is collected yet, so those of deleted and overwritten
+    data stay in the store, which "stored" (today's files only) leaves out."""
+    unreferenced = s["store_chunk_bytes"] - s["stored_bytes"]
+    return (
+        f"{format_size(s['store_chunk_bytes'])} in {s['store_chunks']} chunks"
+        f" ({format_size(unreferenced)} no longer referenced)"
+    )
 
 
 def _ratio(a: int, b: int) -> str:

@@ -10,38 +10,27 @@ from sealfs.meta import ops
 from sealfs.store.base import request_counts
 
 if TYPE_CHECKING:
+    from sealfs.meta.model import MetaState
     from sealfs.volume.engine import Volume
 
 
 def volume_status(volume: Volume) -> dict[str, Any]:
     """Generation, commit state, sizes and cache use; no names, no contents."""
     meta = volume.meta
-    files = [i for i in meta.inodes.values() if i.is_reg]
-    logical = sum(i.size for i in files)
-    referenced: set[bytes] = set()
-    for inode in files:
-        assert inode.extents is not None
-        referenced |= inode.extents.chunks()
-    chunk_plain = sum(meta.chunks[c].plain_size for c in referenced if c in meta.chunks)
-    stored = sum(meta.chunks[c].stored_size for c in referenced if c in meta.chunks)
     store = volume.store
     cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
     requests = request_counts(store)  # S3 stores count their requests; others give None
+    buffered = volume.files.buffered_bytes
     return {
         "pid": os.getpid(),
         "volume_id": volume.loaded.volume_id.hex(),
         "store": store.describe(),
         "generation": volume.commits.generation,
         "last_commit_ns": volume.commits.last_commit_ns,
-        "pending_bytes": volume.files.buffered_bytes + _flushed_uncommitted(volume.commits.pending),
-        "buffered_bytes": volume.files.buffered_bytes,
+        "pending_bytes": buffered + _flushed_uncommitted(volume.commits.pending),
+        "buffered_bytes": buffered,
         "pending_records": len(volume.commits.pending),
-        "files": len(files),
-        "inodes": len(meta.inodes),
-        "logical_bytes": logical,
-        "unique_bytes": chunk_plain,
-        "stored_bytes": stored,
-        "chunks": len(referenced),
+        **_sizes(meta),
         "memory_cache_bytes": volume.chunks.cache.nbytes,
         "disk_cache_bytes": cache_bytes,
         "store_requests": requests,
@@ -61,3 +50,44 @@ def _flushed_uncommitted(pending: list[ops.Op]) -> int:
     are lost with a crash as much as what is still buffered, and a status that counted
     only the buffer showed 2 MiB pending with 100 MB uncommitted."""
     return sum(row[1] for op in pending if op[0] == ops.DATA for row in op[4])
+
+
+def _sizes(meta: MetaState) -> dict[str, int]:
+    """Files and bytes, in one pass over the inodes (this runs on the mount's event loop:
+    every other request waits for it).
+
+    logical_bytes is the files' sizes, holes included (du --apparent-size);
+    data_bytes leaves the holes out, so that the dedup ratio (data over unique) does not
+    count a sparse file's holes as bytes saved. A hard-linked file counts once, as du
+    counts it. stored_bytes is what the chunks of today's files take in the store;
+    store_chunk_bytes is every chunk the volume has stored, the ones no file references
+    any more included (nothing is collected yet), which is what the store's c/ holds.
+    """
+    files = logical = data = 0
+    referenced: set[bytes] = set()
+    for inode in meta.inodes.values():
+        extents = inode.extents
+        if extents is None:  # set for regular files only
+            continue
+        files += 1
+        logical += inode.size
+        data += extents.mapped_bytes()
+        referenced |= extents.chunks()
+    unique = stored = 0
+    table = meta.chunks
+    for chunk_id in referenced:
+        info = table.get(chunk_id)
+        if info is not None:
+            unique += info.plain_size
+            stored += info.stored_size
+    return {
+        "files": files,
+        "inodes": len(meta.inodes),
+        "logical_bytes": logical,
+        "data_bytes": data,
+        "unique_bytes": unique,
+        "stored_bytes": stored,
+        "chunks": len(referenced),
+        "store_chunk_bytes": meta.chunks_stored_bytes,  # kept as rows are put (as for statfs)
+        "store_chunks": len(table),
+    }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.volume.status import volume_status
-from tests.volume.test_engine import GID, RW, UID, install_cached_unlock, session
+from tests.volume.test_engine import GID, RW, UID, install_cached_unlock, mkfile, session
 from tests.volume.test_filedata import SMALL, stream, wait_until, write_stream
 
 MiB = 1 << 20
@@ -16,6 +18,11 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def _cached_unlock(monkeypatch: pytest.MonkeyPatch) -> None:
     install_cached_unlock(monkeypatch)
+
+
+def chunk_object_bytes(store: ObjectStore) -> int:
+    """Bytes of every chunk object in the store (what `du` of its c/ counts)."""
+    return sum(len(store.get(name)) for name in store.list("c/"))
 
 
 async def test_pending_counts_data_sealed_early_until_it_is_committed(
@@ -35,3 +42,41 @@ async def test_pending_counts_data_sealed_early_until_it_is_committed(
         status = volume_status(v)
         assert status["pending_bytes"] == status["buffered_bytes"] == 0
         await v.release(fh)
+
+
+async def test_sizes_against_what_was_written_and_what_the_store_holds(
+    volume_store: ObjectStore,
+) -> None:
+    """logical_bytes is du --apparent-size (holes in, a hard link once); data_bytes leaves
+    the holes out; stored_bytes is the chunks of today's files, store_chunk_bytes every
+    chunk object in the store. Regression: the store's chunks of overwritten data were
+    nowhere, and a sparse file's holes counted as bytes saved by dedup."""
+    blob, other = stream(2, 2 * MiB), stream(3, 1 * MiB)
+    async with session(volume_store, **SMALL) as v:
+        first = await mkfile(v, ROOT_INO, b"a", blob)
+        await mkfile(v, ROOT_INO, b"copy", blob)  # dedups with a
+        await v.link(first, ROOT_INO, b"a-link")  # one file, two names
+        fh, sparse = await v.create(ROOT_INO, b"sparse", 0o644, RW, UID, GID)
+        await v.write(fh, 50 * MiB, b"abc")
+        await v.setattr(sparse.ino, size=100 * MiB)
+        await v.release(fh)
+        await mkfile(v, ROOT_INO, b"over", other)
+        await v.fsync()
+        fh = await v.open(await _ino(v, b"over"), RW)
+        await v.setattr(await _ino(v, b"over"), size=0)
+        await v.write(fh, 0, b"short")  # other's chunk stays in the store, unreferenced
+        await v.release(fh)
+        await v.fsync()
+        status: dict[str, Any] = volume_status(v)
+        assert status["files"] == 4
+        assert status["logical_bytes"] == 2 * len(blob) + 100 * MiB + len(b"short")
+        assert status["data_bytes"] == 2 * len(blob) + len(b"abc") + len(b"short")
+        assert status["unique_bytes"] == len(blob) + len(b"abc") + len(b"short")
+        in_store = chunk_object_bytes(volume_store)
+        assert status["store_chunk_bytes"] == in_store
+        assert status["store_chunks"] == len(volume_store.list("c/"))
+        assert len(other) < in_store - status["stored_bytes"] < len(other) + 100  # sealed
+
+
+async def _ino(volume: Any, name: bytes) -> int:
+    return int((await volume.lookup(ROOT_INO, name)).ino)
