@@ -72,7 +72,7 @@ def _sizes(meta: MetaState) -> dict[str, int]:
         files += 1
         logical += inode.size
         data += extents.mapped_bytes()
-        referenced |= extents.chunks()
+        referenced.update(extents.chunk_ids())
     unique = stored = 0
     table = meta.chunks
     for chunk_id in referenced:
