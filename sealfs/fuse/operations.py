@@ -30,7 +30,7 @@ from sealfs.errors import (
 )
 from sealfs.volume.attrs import IO_SIZE, Attr
 from sealfs.volume.engine import POSIX_ACL_ACCESS, Volume
-from sealfs.volume.status import volume_status
+from sealfs.volume.status import mounted_volume_status
 
 log = logging.getLogger("sealfs.fuse")
 
@@ -309,7 +309,7 @@ class Operations(pyfuse3.Operations):
     @_boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
-            status = volume_status(self.volume) | {"log_file": self.log_file}
+            status = await mounted_volume_status(self.volume) | {"log_file": self.log_file}
             return json.dumps(status).encode()
         return await self.volume.getxattr(inode, name)
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
+
+import trio.lowlevel
 
 from sealfs.errors import FencedError
 from sealfs.meta import ops
@@ -14,9 +17,29 @@ if TYPE_CHECKING:
     from sealfs.volume.engine import Volume
 
 
-def volume_status(volume: Volume) -> dict[str, Any]:
-    """Generation, commit state, sizes and cache use; no names, no contents."""
-    meta = volume.meta
+SIZES_STEP = 2_000  # inodes summed between two yields to the mount's event loop
+
+
+async def mounted_volume_status(volume: Volume) -> dict[str, Any]:
+    """volume_status for a mount's event loop: the pass over the inodes lets other
+    requests in every SIZES_STEP files, where on a volume of 100,000 files it held
+    every one of them for one to two seconds."""
+    pass_ = _size_pass(volume.meta)
+    while True:
+        try:
+            next(pass_)
+        except StopIteration as done:
+            return volume_status(volume, done.value)
+        await trio.lowlevel.checkpoint()
+
+
+def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[str, Any]:
+    """Generation, commit state, sizes and cache use; no names, no contents.
+
+    sizes: the volume's file and byte counts, summed here when not given.
+    """
+    if sizes is None:
+        sizes = _drain(_size_pass(volume.meta))
     store = volume.store
     cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
     requests = request_counts(store)  # S3 stores count their requests; others give None
@@ -30,7 +53,7 @@ def volume_status(volume: Volume) -> dict[str, Any]:
         "pending_bytes": buffered + _flushed_uncommitted(volume.commits.pending),
         "buffered_bytes": buffered,
         "pending_records": len(volume.commits.pending),
-        **_sizes(meta),
+        **sizes,
         "memory_cache_bytes": volume.chunks.cache.nbytes,
         "disk_cache_bytes": cache_bytes,
         "store_requests": requests,
@@ -52,9 +75,20 @@ def _flushed_uncommitted(pending: list[ops.Op]) -> int:
     return sum(row[1] for op in pending if op[0] == ops.DATA for row in op[4])
 
 
-def _sizes(meta: MetaState) -> dict[str, int]:
-    """Files and bytes, in one pass over the inodes (this runs on the mount's event loop:
-    every other request waits for it).
+def _drain(steps: Generator[None, None, dict[str, int]]) -> dict[str, int]:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            sizes: dict[str, int] = done.value
+            return sizes
+
+
+def _size_pass(meta: MetaState) -> Generator[None, None, dict[str, int]]:
+    """Files and bytes, in one pass over the inodes, pausing (yield) every SIZES_STEP.
+
+    Each file is read as it is when the pass reaches it: files written meanwhile may
+    count as before or after, as they would for a du running beside the writes.
 
     logical_bytes is the files' sizes, holes included (du --apparent-size);
     data_bytes leaves the holes out, so that the dedup ratio (data over unique) does not
@@ -65,7 +99,9 @@ def _sizes(meta: MetaState) -> dict[str, int]:
     """
     files = logical = data = 0
     referenced: set[bytes] = set()
-    for inode in meta.inodes.values():
+    for count, inode in enumerate(list(meta.inodes.values()), 1):
+        if count % SIZES_STEP == 0:
+            yield
         extents = inode.extents
         if extents is None:  # set for regular files only
             continue
