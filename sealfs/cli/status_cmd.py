@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 from typing import Any
 
 from rich.console import Console
@@ -14,8 +15,9 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import mounted_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
-from sealfs.errors import NotAVolumeError, SealfsError
-from sealfs.fuse.mount import is_empty_dir, is_mounted
+from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
+from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
+from sealfs.keys.header import HEADER_NAME
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
@@ -38,6 +40,12 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             )
         return status
     target = args.target
+    above = sealfs_mount_above(target)
+    if above is not None and not os.path.exists(os.path.join(target, HEADER_NAME)):
+        # A plain directory of the mount was taken for a store: "not a volume: run init".
+        raise ConfigError(
+            f"{target} is inside the sealfs mount {above}: run 'sealfs status {above}'"
+        )
     if is_empty_dir(target):  # an unmounted mountpoint, likely
         raise NotAVolumeError(
             f"{target} is neither mounted nor a volume: give a live mountpoint or a store"

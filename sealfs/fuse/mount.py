@@ -157,6 +157,15 @@ def is_mounted(path: str) -> bool:
     return any(mountpoint == target for mountpoint, _ in mounts())
 
 
+def sealfs_mount_above(path: str) -> str | None:
+    """The sealfs mountpoint that path lies under (not on), if any."""
+    target = os.path.abspath(path)
+    for mountpoint, kind in mounts():
+        if kind == "fuse.sealfs" and target.startswith(mountpoint.rstrip("/") + "/"):
+            return mountpoint
+    return None
+
+
 def is_empty_dir(path: str) -> bool:
     """Whether path is a directory with no entries (without listing a large one)."""
     if not os.path.isdir(path):

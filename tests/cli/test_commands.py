@@ -77,6 +77,8 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
     assert "…" not in table.stdout  # long paths wrap in the table; cut, they named nothing
     wide = sealfs("status", str(env.mnt), env={**os.environ, "COLUMNS": "500"})
     assert str(env.log) in wide.stdout
+    inner = one_line(sealfs("status", str(env.mnt / "dir")), USAGE)
+    assert f"inside the sealfs mount {env.mnt}: run 'sealfs status {env.mnt}'" in inner
     env.umount()
     stored = status_json(str(env.store), "--passphrase-file", str(env.passfile))
     assert stored["files"] == len(sizes)
