@@ -110,12 +110,16 @@ class SealfsTarget(Target):
 
     name = SEALFS
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, default_kdf: bool = False) -> None:
+        """default_kdf: unlock with what `sealfs init` calibrates (about 0.5 s), as a
+        user's mount does, instead of the cheapest parameters, which spare the other
+        benchmarks that cost at each of their many mounts."""
         super().__init__(root)
         self.store = root / "store"
         self.mnt = root / "mnt"
         self.passfile = root / "passphrase"
         self.log_file = root / "daemon.log"
+        self.kdf_options = () if default_kdf else CHEAP_KDF
         self._pid: int | None = None
 
     @property
@@ -133,7 +137,8 @@ class SealfsTarget(Target):
         self.passfile.write_text(PASSPHRASE + "\n")
         result = sealfs(
             "init", str(self.store), "--passphrase-file", str(self.passfile),
-            "--recovery-key-file", str(self.root / "recovery-key"), *CHEAP_KDF, timeout=120,
+            "--recovery-key-file", str(self.root / "recovery-key"), *self.kdf_options,
+            timeout=120,
         )  # fmt: skip
         if result.returncode != 0:
             raise RuntimeError(f"sealfs init failed: {result.stderr}")
@@ -242,7 +247,11 @@ class GocryptfsTarget(Target):
 
 def make_target(name: str, workdir: Path, bench: str) -> Target:
     root = workdir / "targets" / f"{bench}-{name}"
-    cls = {PLAIN: PlainTarget, SEALFS: SealfsTarget, GOCRYPTFS: GocryptfsTarget}[name]
+    if name == SEALFS:
+        # Mount time is a figure of its own: it pays for unlocking as users do (gocryptfs
+        # runs with its default scrypt cost too).
+        return SealfsTarget(root, default_kdf=bench == "mount")
+    cls = {PLAIN: PlainTarget, GOCRYPTFS: GocryptfsTarget}[name]
     return cls(root)
 
 
