@@ -162,7 +162,8 @@ def test_offline_rekey_killed_then_run_again(volume_env: VolumeEnv) -> None:
 
     listed = sealfs("key", "list", str(env.store), "--passphrase-file", str(env.passfile))
     assert "key epoch 1 (rekey from epoch 0 unfinished: " in listed.stdout, listed.stderr
-    shown = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile))
+    shown = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile),
+                   env={**os.environ, "COLUMNS": "500"})  # one line per row  # fmt: skip
     assert "epoch 0 -> 1: unfinished; a writable mount or 'sealfs rekey'" in shown.stdout
     result = rekey(env)  # the header's slots already open the new key: nothing to drop
     assert result.returncode == 0, result.stderr

@@ -104,7 +104,9 @@ async def test_a_mount_s_status_lets_other_requests_in_while_it_counts(
             ran_before = others_ran
             live = await status.mounted_volume_status(v)
             done = True
-        assert others_ran - ran_before >= 4  # once per 3 of the 13 inodes, root included
+        # It pauses once per 3 of the 13 inodes (root included): 4 times. The other task
+        # runs at each pause but perhaps the last, where trio may finish the status first.
+        assert others_ran - ran_before >= 3
         assert live == volume_status(v)
         assert live["files"] == 12 and live["logical_bytes"] == sum(range(12))
 
