@@ -157,9 +157,26 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
                     logged = decode_segment(ring, volume_id, gen, sealed)
                 except (IntegrityError, FormatError) as exc:
                     raise type(exc)(f"log segment {name} is damaged: {exc}") from None
-                replay_segment(state, logged)
+                try:
+                    replay_segment(state, logged)
+                except IntegrityError as exc:
+                    raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
                 tail.append(logged)
     return Loaded(store, header, ring, state, base, tail)
+
+
+def _log_fix(name: str, state: MetaState) -> str:
+    """The fix for a gap or a broken hash chain at segment name: errors name their fix.
+
+    A restore under a live mount leaves such a log (the mount's next commit
+    lands after the restored log's end), and so does a store that hid or
+    swapped a segment. Either way the generations before name are whole, and
+    they mount once the segments from name on are gone.
+    """
+    return (
+        f"restore the store from a complete copy, or move {name} and the segments after it"
+        f" out of the store to mount generation {state.generation} (what they hold is lost)"
+    )
 
 
 @contextlib.contextmanager

@@ -10,7 +10,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
+from sealfs.errors import IntegrityError
 from sealfs.keys.slots import Passphrase, unlock
+from sealfs.meta.codec import SEGMENT_PREFIX, parse_generation
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
 from sealfs.volume.loader import load_unlocked, process_start_ns, read_header, writer_alive
@@ -55,6 +59,34 @@ async def test_loading_collects_no_garbage_and_leaves_the_collector_as_it_was(
             assert gc.isenabled() is enabled
         finally:
             gc.enable()
+
+
+async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
+    volume_store: ObjectStore,
+) -> None:
+    # A store restored from a copy under a live mount: the mount's next commits land
+    # after the restored log's end, and nothing mounts until they are moved away.
+    async with mounted(volume_store, commit_interval=3600.0) as volume:
+        for i in range(4):
+            fh, _ = await volume.create(ROOT_INO, b"f%d" % i, 0o644, os.O_WRONLY, 0, 0)
+            await volume.release(fh)
+            await volume.fsync()
+    names = volume_store.list(SEGMENT_PREFIX)
+    lost = names[-3]
+    volume_store.delete(lost)
+    after = names[names.index(lost) + 1 :]
+    kept = parse_generation(lost) - 1
+    unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))
+    with pytest.raises(IntegrityError) as info:
+        load_unlocked(volume_store, unlocked)
+    assert f"is missing (found {parse_generation(after[0])} next)" in str(info.value)
+    assert (
+        f"move {after[0]} and the segments after it out of the store to mount generation {kept}"
+        in str(info.value)
+    )
+    for name in after:
+        volume_store.delete(name)
+    assert load_unlocked(volume_store, unlocked).live.generation == kept
 
 
 def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
