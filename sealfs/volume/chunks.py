@@ -96,6 +96,10 @@ class Chunks:
         self._limiter = limiter
         self.cache = PlainCache(cache_bytes)
         self._inflight: dict[bytes, trio.Event] = {}
+        # Chunks a read found missing or damaged in the store: new data with the same
+        # content is uploaded again instead of deduplicated against them, so that
+        # writing a damaged file's bytes again (from a good source) repairs it.
+        self._unusable: set[bytes] = set()
         self.uploaded_bytes = 0
 
     def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -106,7 +110,7 @@ class Chunks:
         """
         with self._keys.sealing() as (epoch, keys):
             cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
-            if cid in known:
+            if cid in known and cid not in self._unusable:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             packed = maybe_compress(plaintext)
             binding = chunk_binding(self._volume_id, cid)
@@ -119,6 +123,7 @@ class Chunks:
                     keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD, epoch=epoch
                 )
             self._store.put(chunk_name(cid), sealed)
+        self._unusable.discard(cid)
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
 
     async def store(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -158,10 +163,13 @@ class Chunks:
         try:
             return get_opened(self._store, name, lambda data: self._open(chunk_id, data))
         except ObjectNotFoundError:
+            self._unusable.add(chunk_id)
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
         except IntegrityError as exc:
+            self._unusable.add(chunk_id)
             raise IntegrityError(f"chunk {name} failed authentication: {exc}") from None
         except FormatError as exc:
+            self._unusable.add(chunk_id)
             raise FormatError(f"chunk {name} is malformed: {exc}") from None
 
     async def read(self, chunk_id: bytes) -> bytes:
