@@ -16,6 +16,7 @@ state after a crash is a prefix of the commits.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 
@@ -51,6 +52,19 @@ SMALL_BATCH = 256  # small files sealed per worker-thread call
 SNAPSHOT_AT_CLOSE_OPS = 2_000  # a clean unmount leaves a snapshot when the log grew this much
 SNAPSHOT_EVERY_OPS = 50_000
 SNAPSHOT_EVERY_BYTES = 32 << 20
+
+
+async def pause_after_failure(seconds: float) -> None:
+    """Wait before retrying a failed commit or early flush, then free what the failure left.
+
+    A failed flush leaves reference cycles (trio's nurseries and the tracebacks of
+    the chunk uploads it cancelled refer to one another) whose frames hold views of
+    the write buffers being sealed. Only a full collection frees them, and the
+    collector seldom runs one: retried every second against a full store disk, a
+    daemon with 64 MiB buffered grew to 1.8 GiB within minutes.
+    """
+    await trio.sleep(seconds)
+    gc.collect()
 
 
 class Committer:
@@ -153,7 +167,7 @@ class Committer:
                     return
                 except SealfsError as exc:
                     log.error("commit failed, will retry: %s", exc)
-                    await trio.sleep(min(self.interval, 1.0))
+                    await pause_after_failure(min(self.interval, 1.0))
             if self.snapshot_due():
                 try:
                     await self.snapshot()

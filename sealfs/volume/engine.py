@@ -33,7 +33,7 @@ from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
 from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import Chunks
-from sealfs.volume.committer import Committer
+from sealfs.volume.committer import Committer, pause_after_failure
 from sealfs.volume.filedata import FileData
 from sealfs.volume.loader import Loaded, read_header, release_record
 from sealfs.volume.options import VolumeOptions
@@ -585,7 +585,7 @@ class Volume:
                     return
                 except SealfsError as exc:
                     log.warning("early flush failed, will retry: %s", exc)
-                    await trio.sleep(min(self.options.commit_interval, 1.0))
+                    await pause_after_failure(min(self.options.commit_interval, 1.0))
         finally:
             self._relieving = False
 
