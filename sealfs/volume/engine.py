@@ -25,7 +25,14 @@ import trio
 
 from sealfs.chunking.fastcdc import Chunker
 from sealfs.crypto.subkeys import derive_subkeys
-from sealfs.errors import FencedError, FsError, IntegrityError, SealfsError, WriterStoppedError
+from sealfs.errors import (
+    FencedError,
+    FsError,
+    IntegrityError,
+    NoSpaceError,
+    SealfsError,
+    WriterStoppedError,
+)
 from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
@@ -100,6 +107,9 @@ class Volume:
         self._lookups: dict[int, int] = {}
         self._opens: dict[int, int] = {}
         self._relieving = False
+        # Set while early flushes fail because the store's disk is full: writers past
+        # max_buffered then get ENOSPC instead of waiting (unkillably) for space.
+        self._store_full = False
         self.rekey: Rekeyer | None = None
         self._rekey_scope = trio.CancelScope()
         self._rekey_stopped = trio.Event()
@@ -552,6 +562,8 @@ class Volume:
         handle = self._handle(fh)
         self._writable()
         inode = self.inode(handle.ino)
+        if self._store_full and self.files.buffered_bytes > self.options.max_buffered:
+            raise FsError(errno.ENOSPC)  # refused before buffering: the bytes were not written
         if handle.flags & os.O_APPEND:
             offset = inode.size
         self.files.write(inode, offset, data)
@@ -566,6 +578,8 @@ class Volume:
         while self.files.buffered_bytes > self.options.max_buffered:
             if self.commits.stopped is not None:
                 raise FsError(errno.EROFS)  # nothing buffered will be committed now
+            if self._store_full:
+                return  # this write's bytes are buffered: the next write gets ENOSPC
             await self.files.space.wait()
 
     async def _relieve(self) -> None:
@@ -573,7 +587,9 @@ class Volume:
 
         A failure is retried, as the commit loop retries: writers blocked at
         max_buffered wait for this, and the commit loop may not run for a whole
-        interval. Once the writer has stopped (fenced, or its store failed to
+        interval. While the store's disk is full they get ENOSPC instead: a full
+        disk seldom clears by itself, and a write blocked in the kernel cannot even
+        be killed. Once the writer has stopped (fenced, or its store failed to
         flush) nothing will be committed: the stop wakes the blocked writers,
         which fail with EROFS.
         """
@@ -581,11 +597,16 @@ class Volume:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
                 try:
                     await self.commits.relieve_pressure()
+                    self._store_full = False
                 except WriterStoppedError:
                     return
                 except SealfsError as exc:
                     log.warning("early flush failed, will retry: %s", exc)
+                    if isinstance(exc, NoSpaceError) and not self._store_full:
+                        self._store_full = True
+                        self.files.wake_space_waiters()  # blocked writers: ENOSPC from now on
                     await pause_after_failure(min(self.options.commit_interval, 1.0))
+            self._store_full = False  # buffered bytes went down: something was committed
         finally:
             self._relieving = False
 

@@ -435,6 +435,31 @@ async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultySt
             assert await read_all(v, inos[name]) == files[name]
 
 
+async def test_writers_past_max_buffered_get_enospc_while_the_store_is_full(
+    faulty: FaultyStore,
+) -> None:
+    """Regression: writers blocked at max_buffered waited for an early flush that a full
+    disk failed every second, forever: the writing process hung in the kernel, unkillable
+    even by SIGKILL. Now the write past the limit fails with ENOSPC, and what was accepted
+    is committed once there is space."""
+    faulty.add_rule("put", "c/", "nospace")
+    blob = os.urandom(64 << 10)
+    async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
+        fh, attr = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+        written = 0
+        with trio.fail_after(20), pytest.raises(FsError) as info:
+            while True:
+                await v.write(fh, written, blob)
+                written += len(blob)
+        assert info.value.errno == errno.ENOSPC
+        assert written >= PRESSURE["max_buffered"]
+        faulty.clear()
+        await v.fsync()
+        assert await read_all(v, attr.ino) == blob * (written // len(blob))
+        await v.write(fh, written, blob)  # space again: writes are accepted
+        await v.release(fh)
+
+
 async def test_retrying_against_a_full_store_keeps_memory_bounded(
     faulty: FaultyStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -451,8 +476,9 @@ async def test_retrying_against_a_full_store_keeps_memory_bounded(
             fh, _ = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
 
             async def writer() -> None:
-                for k in range(128):  # 8 MiB: blocks at max_buffered
-                    await v.write(fh, k * len(blob), blob)
+                with contextlib.suppress(FsError):  # ENOSPC past max_buffered
+                    for k in range(128):
+                        await v.write(fh, k * len(blob), blob)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer)
