@@ -54,6 +54,38 @@ SNAPSHOT_EVERY_OPS = 50_000
 SNAPSHOT_EVERY_BYTES = 32 << 20
 
 
+class RetryLog:
+    """Logs the failures of an attempt that a loop retries, without a line per attempt.
+
+    A full store disk fails the commit loop and the early flushes every second for
+    as long as it stays full: one line each time buried the first one (3,600 an
+    hour). The first failure is logged, then only a failure of another kind or one
+    that has lasted another ten minutes, and one line when an attempt succeeds again.
+    """
+
+    REPEAT_AFTER = 600.0
+
+    def __init__(self, what: str, level: int) -> None:
+        self._what = what
+        self._level = level
+        self._kind: type[BaseException] | None = None
+        self._logged_at = 0.0
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if type(exc) is not self._kind or now - self._logged_at >= self.REPEAT_AFTER:
+            more = f" ({self._failures} failed attempts so far)" if self._failures else ""
+            log.log(self._level, "%s failed, will retry%s: %s", self._what, more, exc)
+            self._kind, self._logged_at = type(exc), now
+        self._failures += 1
+
+    def succeeded(self) -> None:
+        if self._failures:
+            log.info("%s succeeded after %d failed attempts", self._what, self._failures)
+        self._kind, self._failures = None, 0
+
+
 async def pause_after_failure(seconds: float) -> None:
     """Wait before retrying a failed commit or early flush, then free what the failure left.
 
@@ -102,6 +134,7 @@ class Committer:
         self.last_commit_ns = loaded.live.committed_ns
         self.segments_written = 0
         self._too_large = False  # the state outgrew a snapshot: mounts replay the log
+        self._retry_log = RetryLog("commit", logging.ERROR)
 
     def start(self) -> None:
         """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
@@ -163,10 +196,11 @@ class Committer:
             if self.has_work() or self._finished < self._wanted:
                 try:
                     await self.commit()
+                    self._retry_log.succeeded()
                 except WriterStoppedError:
                     return
                 except SealfsError as exc:
-                    log.error("commit failed, will retry: %s", exc)
+                    self._retry_log.failed(exc)
                     await pause_after_failure(min(self.interval, 1.0))
             if self.snapshot_due():
                 try:

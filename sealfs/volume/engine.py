@@ -40,7 +40,7 @@ from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
 from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import Chunks
-from sealfs.volume.committer import Committer, pause_after_failure
+from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
 from sealfs.volume.loader import Loaded, read_header, release_record
 from sealfs.volume.options import VolumeOptions
@@ -110,6 +110,7 @@ class Volume:
         # Set while early flushes fail because the store's disk is full: writers past
         # max_buffered then get ENOSPC instead of waiting (unkillably) for space.
         self._store_full = False
+        self._flush_log = RetryLog("early flush", logging.WARNING)
         self.rekey: Rekeyer | None = None
         self._rekey_scope = trio.CancelScope()
         self._rekey_stopped = trio.Event()
@@ -598,10 +599,11 @@ class Volume:
                 try:
                     await self.commits.relieve_pressure()
                     self._store_full = False
+                    self._flush_log.succeeded()
                 except WriterStoppedError:
                     return
                 except SealfsError as exc:
-                    log.warning("early flush failed, will retry: %s", exc)
+                    self._flush_log.failed(exc)
                     if isinstance(exc, NoSpaceError) and not self._store_full:
                         self._store_full = True
                         self.files.wake_space_waiters()  # blocked writers: ENOSPC from now on

@@ -435,6 +435,25 @@ async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultySt
             assert await read_all(v, inos[name]) == files[name]
 
 
+async def test_a_commit_failing_again_and_again_logs_once_and_once_more_when_it_recovers(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the commit loop logged one error per attempt, every second for as long
+    as the store's disk stayed full (3,600 lines an hour, and as many from early flushes)."""
+    caplog.set_level(logging.INFO, logger="sealfs")
+    async with mounted(faulty, commit_interval=0.01) as v:  # type: ignore[arg-type]
+        faulty.add_rule("put_if_absent", "l/", "nospace")
+        await mkfile(v, ROOT_INO, b"a", b"data")
+        v.commits.kick()
+        await wait_until(lambda: len(faulty.injected) >= 20)
+        faulty.clear()
+        await v.fsync()
+    retries = [r for r in caplog.records if "will retry" in r.getMessage()]
+    assert len(retries) == 1, [r.getMessage() for r in retries]
+    assert "store disk full" in retries[0].getMessage()
+    assert any("succeeded after" in r.getMessage() for r in caplog.records)
+
+
 async def test_writers_past_max_buffered_get_enospc_while_the_store_is_full(
     faulty: FaultyStore,
 ) -> None:
