@@ -177,6 +177,8 @@ def write_new_secret_file(path: str, text: str) -> None:
     """Write a new secret (a recovery key) to a file only its owner can read.
 
     Refuses to overwrite: a recovery key that replaced another would lose it.
+    A write that fails (a full disk) removes the file again: left empty or cut
+    short, it would pass for the key, and refuse the retry as already existing.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -186,10 +188,18 @@ def write_new_secret_file(path: str, text: str) -> None:
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the slot it opens can be
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the slot it opens can be
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise SealfsError(
+            f"cannot write the recovery key to {path}: {exc.strerror}; nothing was stored:"
+            " free space there (or choose another file) and retry"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -16,10 +16,11 @@ from sealfs.cli.secrets import (
     read_secret_file,
     secret_file_for_new_slot,
 )
-from sealfs.errors import ConfigError, StoreError, TransientStoreError
+from sealfs.errors import ConfigError, SealfsError, StoreError, TransientStoreError
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from tests.conftest import RECOVERY_KEY
+from tests.store.conftest import mounted_tmpfs
 
 
 def test_reads_a_regular_file_without_its_trailing_newline(tmp_path: Path) -> None:
@@ -110,6 +111,26 @@ def test_a_new_recovery_key_file_is_removed_only_if_its_slot_surely_was_not_stor
     assert message.startswith("sync of sealfs.vol failed")
     assert (f"the new recovery key is kept in {path}" in message) == kept
     assert ("check with 'sealfs key list'" in message) == kept
+
+
+def test_a_recovery_key_file_that_cannot_be_written_is_removed_and_nothing_stored(
+    tmp_path: Path,
+) -> None:
+    """Regression: on a full disk the key file stayed behind empty (a retry was refused
+    as "already exists") and the error was a bare "No space left on device"."""
+    with mounted_tmpfs(tmp_path / "full", "64k") as disk:
+        (disk / "ballast").write_bytes(bytes(60 << 10))
+        with pytest.raises(OSError):
+            (disk / "more").write_bytes(bytes(8 << 10))  # the disk is full now
+        path = disk / "recovery.txt"
+        stored = []
+        with (
+            pytest.raises(SealfsError, match=f"cannot write the recovery key to {path}: No space"),
+            secret_file_for_new_slot(str(path), "the-key", lambda: False),
+        ):
+            stored.append(True)
+        assert not stored
+        assert not path.exists()
 
 
 def test_whether_a_recovery_slot_is_stored(volume_store: ObjectStore) -> None:
