@@ -90,6 +90,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, or None if there is none at path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _is_object_name(name: str) -> bool:
     try:
         validate_name(name)
@@ -170,6 +179,7 @@ class LocalStore:
         # Directories whose own entry (in their parent) is known to be durable.
         self._durable_dirs: set[str] = set()
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
+        self._root_id = _dir_id(self.root)  # None until init makes the root
 
     def _written(self, path: Path, *, file: bool = True) -> None:
         """Remember that path's directory entry changed (and, if file, its data) for sync()."""
@@ -230,7 +240,18 @@ class LocalStore:
     def _make_dirs(self, path: Path) -> None:
         """mkdir -p, remembering the highest directory made above the root: its entry
         must be flushed too, or a volume created under a new path can vanish whole in
-        a power cut right after init (sync used to stop at the root's parent)."""
+        a power cut right after init (sync used to stop at the root's parent).
+
+        Never remakes a root that went away or was replaced (its disk unmounted):
+        objects would go on into a new, empty directory on whatever file system is
+        underneath, and fsync would report commits that the store never sees.
+        """
+        if self._root_id is not None and _dir_id(self.root) != self._root_id:
+            raise StoreError(
+                f"local store at {self.root}: the store directory is gone or was replaced"
+                " (its disk unmounted?): make the store available again, then mount the"
+                " volume again"
+            )
         highest = path
         while not highest.parent.exists():
             highest = highest.parent
@@ -238,6 +259,8 @@ class LocalStore:
         holder = os.path.dirname(os.path.abspath(highest))
         if self._top.startswith(os.path.join(holder, "")):  # made above the root's parent
             self._top = holder
+        if self._root_id is None:
+            self._root_id = _dir_id(self.root)
 
     def get(self, name: str) -> bytes:
         """Return the object's bytes. Raises ObjectNotFoundError."""

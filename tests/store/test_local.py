@@ -423,6 +423,24 @@ def test_missing_root_reads_as_empty(tmp_path: Path) -> None:
     assert store.list("") == ["c/ab/x"]
 
 
+@pytest.mark.parametrize("replaced", [False, True], ids=["gone", "replaced"])
+def test_a_root_that_went_away_is_not_made_again(tmp_path: Path, replaced: bool) -> None:
+    """Regression: with the store's disk unmounted under a mount, objects went on into a
+    new store directory made on the file system underneath, and fsync reported commits
+    that the store never saw. A root replaced by an empty directory (the mountpoint the
+    disk was mounted on) is the same case."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    store.put("c/ab/x", b"x")  # makes the root: a store being created
+    root.rename(tmp_path / "away")
+    if replaced:
+        root.mkdir()
+    for name in ("c/cd/y", "l/0000000000000002"):
+        with pytest.raises(StoreError, match="the store directory is gone or was replaced"):
+            store.put_if_absent(name, b"y")
+    assert os.listdir(root) == [] if replaced else not root.exists()
+
+
 @pytest.mark.parametrize("count", [5, 3 * local.SYNCFS_ABOVE], ids=["by-path", "syncfs"])
 def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count: int) -> None:
     root = crashable_disk.path / "store"
