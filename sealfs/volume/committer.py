@@ -52,6 +52,9 @@ SMALL_BATCH = 256  # small files sealed per worker-thread call
 SNAPSHOT_AT_CLOSE_OPS = 2_000  # a clean unmount leaves a snapshot when the log grew this much
 SNAPSHOT_EVERY_OPS = 50_000
 SNAPSHOT_EVERY_BYTES = 32 << 20
+# After a failed snapshot, the loop tries again only this much later: compaction replays
+# the whole log since the last snapshot, and a full disk failed it every second.
+SNAPSHOT_RETRY_DELAY = 60.0
 
 
 class RetryLog:
@@ -135,6 +138,8 @@ class Committer:
         self.segments_written = 0
         self._too_large = False  # the state outgrew a snapshot: mounts replay the log
         self._retry_log = RetryLog("commit", logging.ERROR)
+        self._snapshot_log = RetryLog("snapshot", logging.WARNING)
+        self._snapshot_not_before = 0.0  # monotonic time; set by a failed snapshot
 
     def start(self) -> None:
         """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
@@ -202,11 +207,13 @@ class Committer:
                 except SealfsError as exc:
                     self._retry_log.failed(exc)
                     await pause_after_failure(min(self.interval, 1.0))
-            if self.snapshot_due():
+            if self.snapshot_due() and time.monotonic() >= self._snapshot_not_before:
                 try:
                     await self.snapshot()
+                    self._snapshot_log.succeeded()
                 except SealfsError as exc:
-                    log.warning("snapshot failed, will retry later: %s", exc)
+                    self._snapshot_log.failed(exc)
+                    self._snapshot_not_before = time.monotonic() + SNAPSHOT_RETRY_DELAY
 
     async def commit(self, extra: list[ops.Op] | None = None) -> None:
         """Run one commit now (waiting for one in progress).

@@ -537,6 +537,24 @@ async def test_compaction_runs_with_the_cyclic_collector_paused(
         assert volume_store.list(SNAPSHOT_PREFIX)
 
 
+async def test_a_failed_snapshot_is_not_retried_at_every_loop(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: with a snapshot due and the store's disk full, the loop compacted the
+    whole log and failed again at every interval: an idle daemon used half a core and
+    logged a warning every second."""
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 20)
+    async with mounted(faulty, commit_interval=0.01) as v:  # type: ignore[arg-type]
+        faulty.add_rule("put_if_absent", "s/", "nospace")
+        for k in range(12):
+            await mkfile(v, ROOT_INO, b"a%d" % k)
+        await v.fsync()
+        await wait_until(lambda: faulty.injected)
+        await trio.sleep(0.5)  # fifty loop intervals
+        assert len(faulty.injected) == 1
+        faulty.clear()
+
+
 async def test_snapshot_after_enough_ops_and_reopen_from_it(
     volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
