@@ -24,6 +24,9 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
         return _wait_for_child(read_end, log_path)
     os.close(read_end)
     os.setsid()
+    # Out of the caller's directory: a daemon kept there for the life of the mount made
+    # the file system holding it impossible to unmount. Every path it uses is absolute.
+    os.chdir("/")
     reported = False
 
     def report(code: int, message: str) -> None:

@@ -55,7 +55,7 @@ class CachingStore:
 
     def __init__(self, inner: ObjectStore, cache_dir: Path, max_bytes: int) -> None:
         self.inner = inner
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(os.path.abspath(cache_dir))  # the daemon changes directory
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         # Fetches in flight per name, and the names a write overlapped while fetched.

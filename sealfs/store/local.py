@@ -172,7 +172,8 @@ class LocalStore:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        # Absolute: a mount's daemon leaves the directory it was started from.
+        self.root = Path(os.path.abspath(root))
         self._unsynced = _Unsynced()
         self._sync_lock = threading.Lock()  # one sync at a time: a later one waits for it
         self._sync_failed: SyncFailedError | None = None  # then every later sync fails too

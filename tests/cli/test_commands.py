@@ -88,6 +88,28 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
     assert 0 < int(stored["stored_bytes"]) <= sum(sizes.values()) + 36 * int(stored["chunks"])
 
 
+def test_the_daemon_leaves_the_directory_it_was_started_from(volume_env: VolumeEnv) -> None:
+    """Regression: the daemon kept the caller's working directory for the life of the
+    mount, so the file system holding it could not be unmounted. Relative paths given
+    to mount must still work."""
+    env = volume_env
+    result = sealfs(
+        "mount", "store", "mnt", "--passphrase-file", "passphrase", "--log-file", "daemon.log",
+        "--cache-dir", "cache", cwd=env.root,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + env.log_text()
+    try:
+        assert os.readlink(f"/proc/{env.status()['pid']}/cwd") == "/"
+        (env.mnt / "kept").write_bytes(b"through relative paths")
+        assert sealfs("sync", str(env.mnt)).returncode == 0
+        assert any(env.cache.rglob("*")), "the relative cache directory is used"
+    finally:
+        env.umount()
+    env.mount()
+    assert (env.mnt / "kept").read_bytes() == b"through relative paths"
+    env.umount()
+
+
 def test_umount_of_a_directory_that_is_not_mounted(tmp_path: Path) -> None:
     err = one_line(sealfs("umount", str(tmp_path)), USAGE)
     assert "not mounted" in err
