@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +116,12 @@ def test_a_live_writer_is_alive_after_the_wall_clock_stepped_forward() -> None:
     seems to have started after its claim. Taken for dead, a plain mount fenced it."""
     proc = subprocess.Popen(["sealfs-mount-daemon", "60"], executable="sleep")
     try:
+        # Until it has exec'd, the child has the test runner's command line, which
+        # need not name sealfs (it failed so, now and then, under load).
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sealfs-"):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
         stepped = time.time_ns() - 3600 * 1_000_000_000  # claimed on a clock 1 h behind
         info = WriterInfo(socket.gethostname(), proc.pid, bytes(16), stepped, False)
         assert writer_alive(info)
