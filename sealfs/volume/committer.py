@@ -262,8 +262,12 @@ class Committer:
             record(self._live, batch, ops.put_inode(inode))
         return job
 
-    async def relieve_pressure(self) -> None:
+    async def relieve_pressure(self) -> bool:
         """Free buffered memory early: seal the largest dirty file alone, or commit, or wait.
+
+        Returns whether it sealed or committed something; False when it only waited
+        for a flush already running (a commit retrying against a full disk fails
+        that flush, so the wait proves nothing about the store).
 
         A file holding a chunk's worth or more is sealed alone (see _flush_early).
         Dirty bytes spread over many small files are committed instead: sealing
@@ -279,26 +283,27 @@ class Committer:
             sizes = {ino: files.files[ino].dirty.nbytes for ino in files.dirty_inodes()}
             largest = max(sizes, key=sizes.__getitem__, default=None)
             if largest is not None and sizes[largest] >= MIN_CHUNK:
-                await self._flush_early(largest)
-                return
+                return await self._flush_early(largest)
             dirty = sum(sizes.values())
             space = files.space
         if dirty < MIN_CHUNK and files.buffered_bytes > dirty:
             await space.wait()
-        else:
-            await self.commit()
+            return False
+        await self.commit()
+        return True
 
-    async def _flush_early(self, ino: int) -> None:
+    async def _flush_early(self, ino: int) -> bool:
         """Seal one file's dirty bytes now, the gate held, keeping back its unfinished
         last chunk so that a streaming writer is cut as in one pass.
 
         Its records join the queue for the next commit; the chunks go to the
         store now (unreferenced until that commit, like any upload in flight).
+        Returns False if a commit was flushing the file, and this only waited for it.
         """
         job = self._detach(ino, self.pending)
         if job is None:
             await self._files.wait_idle(ino)  # a commit is flushing it: wait, don't spin
-            return
+            return False
         produced: list[ops.Op] = []
         try:
             tail = await self._files.flush(job, produced, keep_tail=True)
@@ -311,6 +316,7 @@ class Committer:
             # gate): a data record after it would name a missing inode at replay.
             produced = [op for op in produced if op[0] != ops.DATA]
         self.pending.extend(produced)
+        return True
 
     async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
         failure: list[BaseException] = []

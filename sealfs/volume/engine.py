@@ -597,9 +597,12 @@ class Volume:
         try:
             while self.files.buffered_bytes > self.options.flush_threshold // 2:
                 try:
-                    await self.commits.relieve_pressure()
-                    self._store_full = False
-                    self._flush_log.succeeded()
+                    if await self.commits.relieve_pressure():
+                        # Only a flush or commit of its own proves the store takes data
+                        # again: a wait for the commit loop's flush (failing as well on a
+                        # full disk) "succeeded", and flapped writers and the log.
+                        self._store_full = False
+                        self._flush_log.succeeded()
                 except WriterStoppedError:
                     return
                 except SealfsError as exc:

@@ -483,6 +483,32 @@ async def test_writers_past_max_buffered_get_enospc_while_the_store_is_full(
         await v.release(fh)
 
 
+async def test_an_early_flush_that_only_waited_for_a_failing_commit_is_no_success(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: an early flush that found the commit loop flushing the file waited for
+    it and counted as a success, though that commit failed on the full disk as well: the
+    store counted as having space again (writers past max_buffered waited once more) and
+    "early flush succeeded" / "early flush failed" were logged in turn every second."""
+    caplog.set_level(logging.INFO, logger="sealfs")
+    faulty.add_rule("put", "c/", "nospace")
+    blob = os.urandom(64 << 10)
+    async with session(faulty, **(PRESSURE | {"commit_interval": 0.05})) as v:  # type: ignore[arg-type]
+        fh, _ = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+        written = 0
+        with trio.fail_after(20), pytest.raises(FsError):
+            while True:
+                await v.write(fh, written, blob)
+                written += len(blob)
+        await trio.sleep(4)  # early flushes and the commit loop contend for the file
+        assert v._store_full
+        flushes = [r.getMessage() for r in caplog.records if "early flush" in r.getMessage()]
+        assert len(flushes) == 1 and "will retry" in flushes[0], flushes
+        faulty.clear()
+        await v.fsync()
+        await v.release(fh)
+
+
 async def test_retrying_against_a_full_store_keeps_memory_bounded(
     faulty: FaultyStore, caplog: pytest.LogCaptureFixture
 ) -> None:
