@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +17,7 @@ from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
 from sealfs.keys.header import HEADER_NAME
+from sealfs.store.url import is_local_url, local_path
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
@@ -40,12 +40,16 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             )
         return status
     target = args.target
-    above = sealfs_mount_above(target)
-    if above is not None and not os.path.exists(os.path.join(target, HEADER_NAME)):
-        # A plain directory of the mount was taken for a store: "not a volume: run init".
-        raise ConfigError(
-            f"{target} is inside the sealfs mount {above}: run 'sealfs status {above}'"
-        )
+    # Local stores only: an s3:// or file:// URL, made absolute against the working
+    # directory, lay "inside" the mount that status was run from.
+    if is_local_url(target):
+        local = local_path(target)
+        above = sealfs_mount_above(str(local))
+        if above is not None and not (local / HEADER_NAME).exists():
+            # A plain directory of the mount was taken for a store: "not a volume: run init".
+            raise ConfigError(
+                f"{target} is inside the sealfs mount {above}: run 'sealfs status {above}'"
+            )
     if is_empty_dir(target):  # an unmounted mountpoint, likely
         raise NotAVolumeError(
             f"{target} is neither mounted nor a volume: give a live mountpoint or a store"

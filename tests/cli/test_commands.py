@@ -88,6 +88,22 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
     assert 0 < int(stored["stored_bytes"]) <= sum(sizes.values()) + 36 * int(stored["chunks"])
 
 
+def test_status_of_a_store_url_run_from_inside_a_mount(mounted_env: VolumeEnv) -> None:
+    """Regression: status took its target for a path under the working directory, so a
+    file:// or s3:// URL given from inside a mount was refused as "inside the sealfs
+    mount", and the store could not be asked from there."""
+    env = mounted_env
+    (env.mnt / "dir").mkdir()
+    result = sealfs(
+        "status", f"file://{env.store}", "--passphrase-file", str(env.passfile), "--json",
+        cwd=env.mnt / "dir",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pid"] is None  # the store's status, not the mount's
+    inner = one_line(sealfs("status", f"file://{env.mnt / 'dir'}"), USAGE)
+    assert f"inside the sealfs mount {env.mnt}" in inner  # a URL into the mount still is
+
+
 def test_the_daemon_leaves_the_directory_it_was_started_from(volume_env: VolumeEnv) -> None:
     """Regression: the daemon kept the caller's working directory for the life of the
     mount, so the file system holding it could not be unmounted. Relative paths given
