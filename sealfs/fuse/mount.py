@@ -220,8 +220,12 @@ def _clear_dead_mount(mountpoint: str) -> None:
 
 
 def _check_mountpoint(mountpoint: str) -> None:
-    if _is_sealfs_mount(mountpoint) and not _answers(mountpoint):
-        _clear_dead_mount(mountpoint)
+    # Resolved: the mount table holds the real path, and a mountpoint named through a
+    # symlink (a unit's /var/run/..., a home under /var/home) kept its dead mount.
+    # realpath does not fail on the dead mount: it takes the path as it is.
+    real = os.path.realpath(mountpoint)
+    if _is_sealfs_mount(real) and not _answers(real):
+        _clear_dead_mount(real)
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
         if not _answers(mountpoint):

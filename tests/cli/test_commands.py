@@ -177,6 +177,26 @@ def test_mount_replaces_a_sealfs_mount_whose_daemon_died(mounted_env: VolumeEnv)
     env.umount()
 
 
+def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -> None:
+    """Regression: the dead mount was looked up under the mountpoint as given, and the
+    mount table holds the real path: named through a symlink (a unit's /var/run/...),
+    the dead mount stayed and mount failed with "Transport endpoint is not connected"."""
+    env = mounted_env
+    (env.mnt / "kept").write_text("committed")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    kill_daemons(env)
+    link = env.root / "link"
+    link.symlink_to(env.mnt)
+    again = sealfs(
+        "mount", str(env.store), str(link), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr + env.log_text()
+    assert "removed the dead sealfs mount" in env.log_text() + again.stderr
+    assert (env.mnt / "kept").read_text() == "committed"
+    env.umount()
+
+
 DEAD_FUSE = """
 import sys, pyfuse3, trio
 options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
