@@ -31,6 +31,7 @@ from sealfs.errors import (
     IntegrityError,
     NoSpaceError,
     SealfsError,
+    StoreUnavailableError,
     WriterStoppedError,
 )
 from sealfs.keys.header import decode_header, verify_header_mac
@@ -47,6 +48,9 @@ from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import Rekeyer
 
 log = logging.getLogger("sealfs.volume")
+
+# Early-flush failures that end the wait of writers blocked at max_buffered.
+_GIVEN_UP = (NoSpaceError, StoreUnavailableError)
 
 NAME_MAX = 255
 XATTR_NAME_MAX = 255
@@ -107,9 +111,10 @@ class Volume:
         self._lookups: dict[int, int] = {}
         self._opens: dict[int, int] = {}
         self._relieving = False
-        # Set while early flushes fail because the store's disk is full: writers past
-        # max_buffered then get ENOSPC instead of waiting (unkillably) for space.
-        self._store_full = False
+        # While early flushes fail because the store's disk is full (ENOSPC) or the store
+        # was given up on after --store-timeout (EIO): writers past max_buffered get this
+        # errno instead of waiting, unkillably, for space only a commit can free.
+        self._flush_errno: int | None = None
         self._flush_log = RetryLog("early flush", logging.WARNING)
         self.rekey: Rekeyer | None = None
         self._rekey_scope = trio.CancelScope()
@@ -563,8 +568,8 @@ class Volume:
         handle = self._handle(fh)
         self._writable()
         inode = self.inode(handle.ino)
-        if self._store_full and self.files.buffered_bytes > self.options.max_buffered:
-            raise FsError(errno.ENOSPC)  # refused before buffering: the bytes were not written
+        if self._flush_errno is not None and self.files.buffered_bytes > self.options.max_buffered:
+            raise FsError(self._flush_errno)  # refused before buffering: nothing was written
         if handle.flags & os.O_APPEND:
             offset = inode.size
         self.files.write(inode, offset, data)
@@ -579,8 +584,8 @@ class Volume:
         while self.files.buffered_bytes > self.options.max_buffered:
             if self.commits.stopped is not None:
                 raise FsError(errno.EROFS)  # nothing buffered will be committed now
-            if self._store_full:
-                return  # this write's bytes are buffered: the next write gets ENOSPC
+            if self._flush_errno is not None:
+                return  # this write's bytes are buffered: the next write gets the error
             await self.files.space.wait()
 
     async def _relieve(self) -> None:
@@ -588,9 +593,11 @@ class Volume:
 
         A failure is retried, as the commit loop retries: writers blocked at
         max_buffered wait for this, and the commit loop may not run for a whole
-        interval. While the store's disk is full they get ENOSPC instead: a full
-        disk seldom clears by itself, and a write blocked in the kernel cannot even
-        be killed. Once the writer has stopped (fenced, or its store failed to
+        interval. Once a flush fails on a full disk (ENOSPC), or on a store that
+        stayed unreachable for --store-timeout (EIO, as an fsync gets), they get
+        the error instead: neither clears soon, and a write blocked in the kernel
+        cannot even be killed. A transient failure is retried while they wait.
+        Once the writer has stopped (fenced, or its store failed to
         flush) nothing will be committed: the stop wakes the blocked writers,
         which fail with EROFS.
         """
@@ -601,17 +608,19 @@ class Volume:
                         # Only a flush or commit of its own proves the store takes data
                         # again: a wait for the commit loop's flush (failing as well on a
                         # full disk) "succeeded", and flapped writers and the log.
-                        self._store_full = False
+                        self._flush_errno = None
                         self._flush_log.succeeded()
                 except WriterStoppedError:
                     return
                 except SealfsError as exc:
                     self._flush_log.failed(exc)
-                    if isinstance(exc, NoSpaceError) and not self._store_full:
-                        self._store_full = True
-                        self.files.wake_space_waiters()  # blocked writers: ENOSPC from now on
+                    if self._flush_errno is None and isinstance(exc, _GIVEN_UP):
+                        self._flush_errno = (
+                            errno.ENOSPC if isinstance(exc, NoSpaceError) else errno.EIO
+                        )
+                        self.files.wake_space_waiters()  # blocked writers: the error from now on
                     await pause_after_failure(min(self.options.commit_interval, 1.0))
-            self._store_full = False  # buffered bytes went down: something was committed
+            self._flush_errno = None  # buffered bytes went down: something was committed
         finally:
             self._relieving = False
 

@@ -428,10 +428,11 @@ async def test_writers_waiting_for_buffer_space_fail_once_the_volume_is_fenced(
 
 async def test_failed_early_flush_is_retried_while_writers_wait(faulty: FaultyStore) -> None:
     """Regression: a failed early flush ended, and writers blocked at max_buffered waited
-    for the commit loop, a whole commit interval away."""
+    for the commit loop, a whole commit interval away. A transient failure keeps them
+    waiting for the retry (only a store given up on, or a full disk, fails them)."""
     files = {b"f%04d" % k: os.urandom(8192) for k in range(400)}
     async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
-        faulty.fail_next("put_if_absent", "l/", "unavailable")
+        faulty.fail_next("put_if_absent", "l/", "transient")
         with trio.fail_after(30):
             inos = {name: await mkfile(v, ROOT_INO, name, data) for name, data in files.items()}
         assert faulty.injected
@@ -458,14 +459,18 @@ async def test_a_commit_failing_again_and_again_logs_once_and_once_more_when_it_
     assert any("succeeded after" in r.getMessage() for r in caplog.records)
 
 
-async def test_writers_past_max_buffered_get_enospc_while_the_store_is_full(
-    faulty: FaultyStore,
+@pytest.mark.parametrize(
+    ("fault", "expected"), [("nospace", errno.ENOSPC), ("unavailable", errno.EIO)]
+)
+async def test_writers_past_max_buffered_fail_once_early_flushes_are_given_up(
+    faulty: FaultyStore, fault: str, expected: int
 ) -> None:
     """Regression: writers blocked at max_buffered waited for an early flush that a full
-    disk failed every second, forever: the writing process hung in the kernel, unkillable
-    even by SIGKILL. Now the write past the limit fails with ENOSPC, and what was accepted
-    is committed once there is space."""
-    faulty.add_rule("put", "c/", "nospace")
+    disk, or a store unreachable past --store-timeout, failed every second, forever: the
+    writing process hung in the kernel, unkillable even by SIGKILL. Now the write past the
+    limit fails with ENOSPC (EIO, as an fsync then does), and what was accepted is
+    committed once the store takes it."""
+    faulty.add_rule("put", "c/", fault)
     blob = os.urandom(64 << 10)
     async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
         fh, attr = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
@@ -474,7 +479,7 @@ async def test_writers_past_max_buffered_get_enospc_while_the_store_is_full(
             while True:
                 await v.write(fh, written, blob)
                 written += len(blob)
-        assert info.value.errno == errno.ENOSPC
+        assert info.value.errno == expected
         assert written >= PRESSURE["max_buffered"]
         faulty.clear()
         await v.fsync()
@@ -501,7 +506,7 @@ async def test_an_early_flush_that_only_waited_for_a_failing_commit_is_no_succes
                 await v.write(fh, written, blob)
                 written += len(blob)
         await trio.sleep(4)  # early flushes and the commit loop contend for the file
-        assert v._store_full
+        assert v._flush_errno == errno.ENOSPC
         flushes = [r.getMessage() for r in caplog.records if "early flush" in r.getMessage()]
         assert len(flushes) == 1 and "will retry" in flushes[0], flushes
         faulty.clear()
