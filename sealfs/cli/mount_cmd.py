@@ -8,7 +8,6 @@ import gc
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from sealfs.cli.paths import inside
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, SealfsError
-from sealfs.fuse.mount import abandon, is_mounted, prepare, serve
+from sealfs.fuse.mount import abandon, fusermount, is_mounted, prepare, serve
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT, is_local_url, local_path
@@ -312,8 +311,7 @@ def run_umount(args: argparse.Namespace) -> int:
 
 
 def _fusermount(mnt: str, *, lazy: bool) -> int:
-    cmd = ["fusermount3", "-u", "-z", mnt] if lazy else ["fusermount3", "-u", mnt]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    result = fusermount(mnt, lazy=lazy)
     if result.returncode == 0:
         return 0
     if "busy" in result.stderr:

@@ -195,6 +195,12 @@ def _is_sealfs_mount(mountpoint: str) -> bool:
     return kind == "fuse.sealfs" and source.startswith("sealfs:")
 
 
+def fusermount(mountpoint: str, *, lazy: bool) -> subprocess.CompletedProcess[str]:
+    """Unmount with fusermount3 (lazily: detach now, even a mount whose daemon died)."""
+    cmd = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
 def _clear_dead_mount(mountpoint: str) -> None:
     """Lazily unmount a sealfs mount whose daemon died, so the mount about to be made can be.
 
@@ -203,9 +209,7 @@ def _clear_dead_mount(mountpoint: str) -> None:
     way forever, where `sealfs umount` would only have done this. What the dead daemon
     had not committed is lost already; the new mount replays what it had.
     """
-    result = subprocess.run(
-        ["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True, check=False
-    )
+    result = fusermount(mountpoint, lazy=True)
     if result.returncode != 0:
         raise MountpointBusyError(
             f"mountpoint {mountpoint} holds a sealfs mount whose daemon died and"
