@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio.lowlevel
@@ -24,13 +24,10 @@ async def mounted_volume_status(volume: Volume) -> dict[str, Any]:
     """volume_status for a mount's event loop: the pass over the inodes lets other
     requests in every SIZES_STEP files, where on a volume of 100,000 files it held
     every one of them for one to two seconds."""
-    pass_ = _size_pass(volume.meta)
-    while True:
-        try:
-            next(pass_)
-        except StopIteration as done:
-            return volume_status(volume, done.value)
+    steps = _size_pass(volume.meta)
+    while (sizes := next(steps)) is None:
         await trio.lowlevel.checkpoint()
+    return volume_status(volume, sizes)
 
 
 def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[str, Any]:
@@ -39,7 +36,7 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
     sizes: the volume's file and byte counts, summed here when not given.
     """
     if sizes is None:
-        sizes = _drain(_size_pass(volume.meta))
+        sizes = next(step for step in _size_pass(volume.meta) if step is not None)
     store = volume.store
     cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
     requests = request_counts(store)  # S3 stores count their requests; others give None
@@ -75,17 +72,9 @@ def _flushed_uncommitted(pending: list[ops.Op]) -> int:
     return sum(row[1] for op in pending if op[0] == ops.DATA for row in op[4])
 
 
-def _drain(steps: Generator[None, None, dict[str, int]]) -> dict[str, int]:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            sizes: dict[str, int] = done.value
-            return sizes
-
-
-def _size_pass(meta: MetaState) -> Generator[None, None, dict[str, int]]:
-    """Files and bytes, in one pass over the inodes, pausing (yield) every SIZES_STEP.
+def _size_pass(meta: MetaState) -> Iterator[dict[str, int] | None]:
+    """Files and bytes, in one pass over the inodes: yields None at each pause (every
+    SIZES_STEP inodes), then the sizes.
 
     Each file is read as it is when the pass reaches it: files written meanwhile may
     count as before or after, as they would for a du running beside the writes.
@@ -101,7 +90,7 @@ def _size_pass(meta: MetaState) -> Generator[None, None, dict[str, int]]:
     referenced: set[bytes] = set()
     for count, inode in enumerate(list(meta.inodes.values()), 1):
         if count % SIZES_STEP == 0:
-            yield
+            yield None
         extents = inode.extents
         if extents is None:  # set for regular files only
             continue
@@ -116,7 +105,7 @@ def _size_pass(meta: MetaState) -> Generator[None, None, dict[str, int]]:
         if info is not None:
             unique += info.plain_size
             stored += info.stored_size
-    return {
+    yield {
         "files": files,
         "inodes": len(meta.inodes),
         "logical_bytes": logical,
