@@ -164,7 +164,7 @@ def random_bytes(seed: int, size: int) -> bytes:
 
 
 def changed_in_region(
-    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, step: int = 2
+    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, *, step: int
 ) -> Checkpoint:
     """(i) 1 % of the records, one contiguous run in the middle, get a new revision."""
     out = ck.copy()
@@ -177,7 +177,7 @@ def changed_in_region(
 
 
 def appended(
-    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, step: int = 2
+    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, *, step: int
 ) -> Checkpoint:
     """(ii) 1 % more records at the end."""
     out = ck.copy()
@@ -189,7 +189,7 @@ def appended(
 
 
 def inserted_at_start(
-    maker: RecordMaker, ck: Checkpoint, nbytes: int = 1000, step: int = 1
+    maker: RecordMaker, ck: Checkpoint, nbytes: int = 1000, *, step: int
 ) -> Checkpoint:
     """(iii) about 1 KB inserted at the start (a notes field in the header)."""
     out = ck.copy()
@@ -200,7 +200,7 @@ def inserted_at_start(
 
 
 def changed_scattered(
-    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, step: int = 2
+    maker: RecordMaker, ck: Checkpoint, fraction: float = 0.01, *, step: int
 ) -> Checkpoint:
     """(iv) 1 % of the records, chosen at random across the file, get a new revision."""
     out = ck.copy()
