@@ -126,9 +126,17 @@ def test_daemon_killed_during_rekey_resumes_at_next_mount(mounted_env: VolumeEnv
     env = mounted_env
     files = write_tree(env.mnt / "t", 600, 20_000, "f")  # many small objects: a long rekey
     subprocess.run([sys.executable, "-m", "sealfs.cli.main", "sync", str(env.mnt)], check=True)
-    result = rekey(env, "--drop-slot", "1", "--no-wait")
-    assert result.returncode == 0, result.stderr
-    wait_for_first_reseal(env.store)
+    (daemon,) = env.daemon_pids()
+    command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
+               "--passphrase-file", str(env.passfile), "--drop-slot", "1", "--no-wait"]  # fmt: skip
+    # Killed as soon as the daemon re-seals, not once the command has returned: on a fast
+    # machine the daemon was done with the whole store before the command's exit.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_first_reseal(env.store, lambda: proc.poll() in (None, 0))
+        os.kill(daemon, signal.SIGKILL)
+    finally:
+        proc.communicate(timeout=60)
     env.kill()
     left = sum(1 for e in epochs(env.store).values() if e == 0)
     assert left > 0, "the rekey finished before the kill: the test proves nothing"
