@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from sealfs.cli.oserrors import describe_os_error
+
 Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
 
 
@@ -41,7 +43,8 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
         _close_inherited_fds(keep=write_end)
         code = child(report)
     except BaseException as exc:
-        report(1, f"daemon failed: {exc}")
+        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        report(1, f"daemon failed: {text}")
         code = 1
     report(code, "daemon exited")
     os._exit(code)

@@ -14,6 +14,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
+from sealfs.cli.oserrors import describe_os_error
 from sealfs.errors import SealfsError
 
 DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             # must not fail on the closed pipe again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return FAILURE
-        print(f"sealfs: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        print(f"sealfs: {describe_os_error(exc)}", file=sys.stderr)
         return FAILURE
     except Exception as exc:
         if os.environ.get(DEBUG_ENV) == "1":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -409,6 +410,24 @@ def test_busy_mountpoint_and_second_writer(volume_env: VolumeEnv, tmp_path: Path
         assert (env.mnt / ".").exists()  # the first mount still answers
     finally:
         env.umount()
+
+
+@pytest.mark.fuse
+def test_too_few_file_descriptors_names_the_limit_to_raise(volume_env: VolumeEnv) -> None:
+    """Regression: it said only "daemon failed: [Errno 24] Too many open files"."""
+    env = volume_env
+
+    def eight_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (8, 8))
+
+    result = sealfs(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log), preexec_fn=eight_descriptors,
+    )  # fmt: skip
+    err = one_line(result, 1)
+    assert "too many open files (this process may open 8)" in err, err
+    assert "ulimit -n" in err and "LimitNOFILE=" in err
+    assert not env.is_mounted()
 
 
 def test_unsupported_format_version(vol: VolumeEnv, tmp_path: Path) -> None:
