@@ -129,3 +129,16 @@ def request_counts(store: object) -> dict[str, int] | None:
         return None
     counts: dict[str, int] | None = method()
     return counts
+
+
+def remove_crash_leftovers(store: object, older_than: float) -> int:
+    """Remove what crashed writers left in store (or the store it wraps); how many went.
+
+    Optional: a backend that writes through temporary files (LocalStore) and the
+    wrappers define remove_crash_leftovers(); the others leave nothing behind.
+    """
+    method = getattr(store, "remove_crash_leftovers", None)
+    if method is None:
+        return 0
+    removed: int = method(older_than)
+    return removed

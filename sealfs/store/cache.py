@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from sealfs.errors import ConfigError, FormatError, IntegrityError
-from sealfs.store.base import ObjectInfo, ObjectStore, request_counts, validate_name
+from sealfs.store.base import (
+    ObjectInfo,
+    ObjectStore,
+    remove_crash_leftovers,
+    request_counts,
+    validate_name,
+)
 
 log = logging.getLogger("sealfs.store")
 
@@ -275,6 +281,10 @@ class CachingStore:
     def request_counts(self) -> dict[str, int] | None:
         """The inner store's requests per method, if it counts them."""
         return request_counts(self.inner)
+
+    def remove_crash_leftovers(self, older_than: float) -> int:
+        """Delegate."""
+        return remove_crash_leftovers(self.inner, older_than)
 
     def describe(self) -> str:
         """Delegate."""

@@ -22,7 +22,7 @@ from sealfs.errors import (
     SyncFailedError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
+from sealfs.store.base import ObjectInfo, ObjectStore, remove_crash_leftovers, request_counts
 
 T = TypeVar("T")
 
@@ -210,6 +210,10 @@ class FaultyStore:
     def request_counts(self) -> dict[str, int] | None:
         """The inner store's requests per method, if it counts them."""
         return request_counts(self.inner)
+
+    def remove_crash_leftovers(self, older_than: float) -> int:
+        """Delegate."""
+        return remove_crash_leftovers(self.inner, older_than)
 
     def describe(self) -> str:
         """Describe the inner store, marked as fault-injecting."""

@@ -483,7 +483,7 @@ class LocalStore:
         finally:
             os.close(fd)
 
-    def cleanup_temp(self, older_than: float = 3600.0) -> int:
+    def remove_crash_leftovers(self, older_than: float) -> int:
         """Remove temp files left by a crash that are older than older_than seconds.
 
         Returns how many were removed. Younger ones may belong to a live writer.

@@ -24,7 +24,7 @@ from sealfs.errors import (
     StoreUnavailableError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore, request_counts
+from sealfs.store.base import ObjectInfo, ObjectStore, remove_crash_leftovers, request_counts
 
 T = TypeVar("T")
 log = logging.getLogger("sealfs.store")
@@ -162,6 +162,10 @@ class RetryingStore:
     def request_counts(self) -> dict[str, int] | None:
         """The inner store's requests per method, if it counts them."""
         return request_counts(self.inner)
+
+    def remove_crash_leftovers(self, older_than: float) -> int:
+        """Delegate."""
+        return remove_crash_leftovers(self.inner, older_than)
 
     def describe(self) -> str:
         """The inner store's description: retrying is invisible to users."""

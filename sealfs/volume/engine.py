@@ -43,6 +43,7 @@ from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import Chunks
 from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
+from sealfs.volume.leftovers import clear_crash_leftovers
 from sealfs.volume.loader import Loaded, read_header, release_record
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import Rekeyer
@@ -130,6 +131,7 @@ class Volume:
             self.commits.start()
             if not self.read_only:
                 nursery.start_soon(self.commits.loop)
+                nursery.start_soon(clear_crash_leftovers, self.store, self._limiter)
                 if self.loaded.keys.retired_epoch is not None:
                     self._start_rekey()  # one was interrupted: carry on
             try:

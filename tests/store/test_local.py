@@ -76,7 +76,7 @@ def test_leftover_temp_files_are_ignored_and_cleaned(tmp_path: Path) -> None:
     os.utime(old, (two_hours_ago, two_hours_ago))
     assert store.list("") == ["c/ab/x"]
     assert store.list("l/") == []
-    assert store.cleanup_temp() == 1
+    assert store.remove_crash_leftovers(3600) == 1
     assert not old.exists()
     assert young.exists()
     assert store.get("c/ab/x") == b"x"
