@@ -135,6 +135,7 @@ class SealfsTarget(Target):
     def _create(self) -> None:
         self.mnt.mkdir()
         self.passfile.write_text(PASSPHRASE + "\n")
+        self.passfile.chmod(0o600)  # as users should keep it (sealfs warns otherwise)
         result = sealfs(
             "init", str(self.store), "--passphrase-file", str(self.passfile),
             "--recovery-key-file", str(self.root / "recovery-key"), *self.kdf_options,

@@ -26,6 +26,16 @@ CHEAP_KDF = ["--kdf-memory", "64", "--kdf-iterations", "1"]
 STATUS_XATTR = "user.sealfs.status"
 
 
+def write_secret(path: Path, text: str | bytes) -> Path:
+    """A secret file as users should keep one: readable by its owner only.
+
+    A file other users can read makes every command warn (one more line on stderr).
+    """
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    path.chmod(0o600)
+    return path
+
+
 def sealfs(
     *args: str, timeout: float = 60, check: bool = False, **kw: Any
 ) -> subprocess.CompletedProcess[str]:
@@ -105,7 +115,7 @@ class VolumeEnv:
         self.log = self.root / "daemon.log"
         self.cache = self.root / "cache"
         self.mnt.mkdir(parents=True, exist_ok=True)
-        self.passfile.write_text(PASSPHRASE + "\n")
+        write_secret(self.passfile, PASSPHRASE + "\n")
 
     def init(self, *extra: str) -> subprocess.CompletedProcess[str]:
         return sealfs(

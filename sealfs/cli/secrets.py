@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import logging
 import os
 import stat
 import sys
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sealfs.errors import ConfigError, SealfsError
+
+log = logging.getLogger(__name__)
 
 PASSPHRASE_ENV = "SEALFS_PASSPHRASE_FILE"  # noqa: S105 - a variable name, not a secret
 CREDENTIAL_NAME = "sealfs-passphrase"
@@ -46,9 +49,17 @@ def _open_regular_file(path: str | Path, what: str) -> int:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
         raise _not_regular(path, what)
+    if mode & stat.S_IROTH:
+        # A warning, not a refusal: refusing would stop mounts that worked until now, at
+        # boot. But every local user can read the secret that opens the volume.
+        log.warning(
+            "%s file %s can be read by every user of this machine: chmod o-r %s",
+            what, path, path,
+        )  # fmt: skip
     return fd
 
 

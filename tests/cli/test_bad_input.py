@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sealfs.keys.recovery import FORMAT_HINT, format_recovery_key
-from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 from tests.s3.server import FAKE_ENV
 
 USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
@@ -78,7 +78,7 @@ def clean_env() -> dict[str, str]:
 
 def test_wrong_passphrase(vol: VolumeEnv, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong"
-    wrong.write_text("not the passphrase\n")
+    write_secret(wrong, "not the passphrase\n")
     err = one_line(mount(vol, "--passphrase-file", str(wrong)), WRONG_KEY)
     assert "passphrase" in err
     assert not vol.is_mounted()
@@ -87,7 +87,7 @@ def test_wrong_passphrase(vol: VolumeEnv, tmp_path: Path) -> None:
 
 def test_wrong_recovery_key_file(vol: VolumeEnv, tmp_path: Path) -> None:
     other = tmp_path / "other-key"
-    other.write_text(format_recovery_key(os.urandom(32)) + "\n")
+    write_secret(other, format_recovery_key(os.urandom(32)) + "\n")
     err = one_line(mount(vol, "--recovery-key-file", str(other)), WRONG_KEY)
     assert "recovery key" in err
 
@@ -97,7 +97,7 @@ def test_recovery_key_typo_is_a_wrong_key_not_damage(vol: VolumeEnv, tmp_path: P
     text = vol.recovery_file.read_text().strip()
     at = 12  # a character of the key itself (the last one also carries padding bits)
     typo = tmp_path / "typo-key"
-    typo.write_text(text[:at] + ("a" if text[at] != "a" else "b") + text[at + 1 :] + "\n")
+    write_secret(typo, text[:at] + ("a" if text[at] != "a" else "b") + text[at + 1 :] + "\n")
     err = one_line(mount(vol, "--recovery-key-file", str(typo)), WRONG_KEY)
     assert "typo" in err
 
@@ -114,7 +114,7 @@ def test_recovery_key_format_error_quotes_nothing_of_the_file(
         "short": key[:20],
     }[kind]
     secret = tmp_path / "secret"
-    secret.write_text(text)
+    write_secret(secret, text)
     result = sealfs("status", str(vol.store), "--recovery-key-file", str(secret))
     err = one_line(result, WRONG_KEY)
     assert err == (
@@ -223,7 +223,7 @@ def test_a_short_new_passphrase_is_refused(vol: VolumeEnv, tmp_path: Path) -> No
     """Regression: a one-character passphrase made a slot, which a copy of the header lets
     anyone guess offline in a few Argon2 runs."""
     short = tmp_path / "short"
-    short.write_text("1234567\n")  # seven characters
+    write_secret(short, "1234567\n")  # seven characters
     fresh = tmp_path / "fresh"
     result = sealfs("init", str(fresh), "--passphrase-file", str(short), *CHEAP_KDF)
     assert "passphrase is shorter than 8 characters" in one_line(result, USAGE)
@@ -483,7 +483,7 @@ def test_kdf_option_out_of_range_is_a_usage_error(
 
 def test_empty_passphrase_file_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
-    empty.write_text("\n")
+    write_secret(empty, "\n")
     target = tmp_path / "new"
     err = one_line(sealfs("init", str(target), "--passphrase-file", str(empty), *CHEAP_KDF), USAGE)
     assert "empty" in err
@@ -497,7 +497,7 @@ def secret_file_kinds(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: a plain open() blocks forever
     large = tmp_path / "large"
-    large.write_bytes(b"x" * (64 * 1024 + 1))
+    write_secret(large, b"x" * (64 * 1024 + 1))
     return {
         "fifo": (fifo, "not a regular file"),
         "device": (Path(os.devnull), "not a regular file"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 
 pytestmark = pytest.mark.fuse
 
@@ -42,7 +42,7 @@ def test_init_prints_a_recovery_key_that_unlocks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     keys = re.findall(r"sfrk(?:-[a-z2-7]{1,4}){14}", result.stdout)
     assert len(keys) == 1, result.stdout
-    env.recovery_file.write_text(keys[0] + "\n")
+    write_secret(env.recovery_file, keys[0] + "\n")
     try:
         mounted = sealfs(
             "mount", str(env.store), str(env.mnt), "--recovery-key-file", str(env.recovery_file),

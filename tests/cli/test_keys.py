@@ -34,7 +34,7 @@ from sealfs.volume.loader import create_volume, open_volume
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
 from tests.keys.softhsm import SoftHsm, softhsm  # noqa: F401 (a fixture, used by name)
-from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 
 USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
 
@@ -91,8 +91,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> VolumeEnv:
 
 
 def write(path: Path, text: str) -> Path:
-    path.write_text(text + "\n")
-    return path
+    return write_secret(path, text + "\n")
 
 
 def test_list_shows_public_params_only(env: VolumeEnv) -> None:

@@ -3,6 +3,7 @@ recovery key's file outlives a failed change unless its slot surely was not stor
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,21 @@ def test_a_file_over_the_bound_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"x" * (MAX_SECRET_FILE_BYTES + 1))
     with pytest.raises(ConfigError, match=f"passphrase file {path} is larger than 64 KiB"):
         read_secret_file(path, "passphrase")
+
+
+@pytest.mark.parametrize(("mode", "warned"), [(0o644, True), (0o604, True), (0o640, False)])
+def test_a_secret_file_every_user_can_read_is_read_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int, warned: bool
+) -> None:
+    path = tmp_path / "secret"
+    path.write_text("pass\n")
+    path.chmod(mode)
+    with caplog.at_level(logging.WARNING):
+        assert read_secret_file(path, "passphrase") == b"pass"
+    expected = [
+        f"passphrase file {path} can be read by every user of this machine: chmod o-r {path}"
+    ]
+    assert [r.getMessage() for r in caplog.records] == (expected if warned else [])
 
 
 @pytest.mark.timeout(20)

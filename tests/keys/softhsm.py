@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.keys.hsm import Pin, TokenKey, create_token_key
+from tests.mounts import write_secret
 from tests.prereq import require, require_module
 
 SOFTHSM_MODULE_PATHS = (
@@ -77,6 +78,6 @@ def softhsm(tmp_path_factory: pytest.TempPathFactory) -> SoftHsm:
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
     pin_file = root / "pin"
-    pin_file.write_text(USER_PIN + "\n")
+    write_secret(pin_file, USER_PIN + "\n")
     _MADE["made"] = SoftHsm(module, conf, pin_file)
     return _MADE["made"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.cli.mount_cmd import commit_mount
-from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs
+from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs, write_secret
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import all_objects
@@ -294,7 +294,7 @@ def test_init_refuses_a_service_that_ignores_if_none_match(
 ) -> None:
     proxy.strip_if_none_match = True
     passfile = tmp_path / "pass"
-    passfile.write_text(PASSPHRASE + "\n")
+    write_secret(passfile, PASSPHRASE + "\n")
     result = sealfs(
         "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
         str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
