@@ -3,7 +3,7 @@
 prepare() runs before a daemon forks (so that a bad mountpoint is reported on
 the terminal); serve() runs in the process that stays, and owns trio, the
 worker threads and the commit loop. An unmount by the kernel (fusermount3
--u) or SIGTERM/SIGINT ends serve() after a final commit; SIGHUP does not end it
+-u) or SIGTERM/SIGINT/SIGQUIT ends serve() after a final commit; SIGHUP does not end it
 (logrotate's reopen signal: the caller decides what it does).
 """
 
@@ -50,13 +50,22 @@ def prepare(
         options.add("allow_other")
     if volume.read_only:
         options.add("ro")
-    # SIGHUP's default action killed the process like a crash: no final commit, and a
-    # dead mount left behind. serve() hands it to its caller; until then it is ignored.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The default action of these killed the process like a crash: no final commit, and
+    # a dead mount left behind. serve() handles them; until then they are ignored.
+    for signum in (signal.SIGHUP, signal.SIGQUIT, *_IGNORED):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         pyfuse3.init(Operations(volume, log_file), mountpoint, options)
     except RuntimeError as exc:
         raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
+
+
+# Each ends the daemon after a final commit: SIGQUIT too, which Ctrl-\\ sends to a
+# foreground mount and whose default action (a core dump, which sealfs forbids)
+# lost what was not committed yet.
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# Their default action ends a process like a crash; sealfs has no use for them.
+_IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def abandon() -> None:
@@ -99,7 +108,7 @@ async def _main(
     # SIGTERM or SIGINT, it gave a second one (Ctrl-C pressed again, a wrapper such as
     # timeout(1) forwarding it) the default action, which killed the daemon in the
     # middle of its final commit and lost what that commit carried.
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    with trio.open_signal_receiver(*_ENDING, signal.SIGHUP, *_IGNORED) as signals:
         async with trio.open_nursery() as watching:
             watching.start_soon(_watch_signals, signals, on_hangup)
             async with volume.running(), trio.open_nursery() as nursery:
@@ -116,6 +125,8 @@ async def _watch_signals(signals: AsyncIterator[int], on_hangup: Callable[[], No
         name = signal.Signals(signum).name
         if signum == signal.SIGHUP:
             on_hangup()
+        elif signum in _IGNORED:
+            log.info("received %s: ignored (sealfs gives it no meaning)", name)
         elif terminating:
             log.info("received %s: already committing and unmounting", name)
         else:

@@ -247,6 +247,32 @@ def test_sighup_reopens_the_log_file_and_keeps_serving(volume_env: VolumeEnv) ->
     env.umount()
 
 
+def test_sigquit_commits_and_user_signals_are_ignored(volume_env: VolumeEnv) -> None:
+    """Regression: SIGQUIT (Ctrl-\\ on a foreground mount), SIGUSR1 and SIGUSR2 killed the
+    daemon by their default action: no final commit, a dead mount, pending writes lost."""
+    env = volume_env
+    env.mount("--commit-interval", "60")
+    (pid,) = env.daemon_pids()
+    (env.mnt / "pending").write_text("not committed yet")
+    for ignored in (signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(pid, ignored)
+        deadline = time.monotonic() + 10
+        while f"received {ignored.name}: ignored" not in env.log_text():
+            assert time.monotonic() < deadline, env.log_text()
+            time.sleep(0.02)
+    assert env.daemon_pids() == [pid] and env.is_mounted()
+    os.kill(pid, signal.SIGQUIT)
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, env.log_text()
+        time.sleep(0.02)
+    assert not env.is_mounted(), env.log_text()
+    assert "received SIGQUIT: committing and unmounting" in env.log_text()
+    env.mount()
+    assert (env.mnt / "pending").read_text() == "not committed yet"
+    env.umount()
+
+
 def test_a_second_sigterm_during_the_final_commit_does_not_kill_it(
     volume_env: VolumeEnv,
 ) -> None:
