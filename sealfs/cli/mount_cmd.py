@@ -109,14 +109,25 @@ def run_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return _serve(loaded, volume, mountpoint, lambda code, msg: None, _log_on_stderr)
     return daemonize(
-        lambda report: _serve_daemon(loaded, volume, mountpoint, report, log_path), log_path
+        lambda report: _serve_daemon(
+            loaded, volume, mountpoint, report, log_path, verbose=args.verbose
+        ),
+        log_path,
     )
 
 
 def _serve_daemon(
-    loaded: Loaded, volume: Volume, mountpoint: str, report: Report, log_path: str
+    loaded: Loaded,
+    volume: Volume,
+    mountpoint: str,
+    report: Report,
+    log_path: str,
+    *,
+    verbose: bool,
 ) -> int:
-    setup_logging(log_path=None, verbose=False)  # stderr is the log file now
+    # stderr is the log file now. --verbose holds for the daemon too: set back to INFO
+    # here, `sealfs --verbose mount` logged debug detail only until the fork.
+    setup_logging(log_path=None, verbose=verbose)
 
     def reopen() -> None:
         try:

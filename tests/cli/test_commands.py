@@ -273,6 +273,27 @@ def test_sigquit_commits_and_user_signals_are_ignored(volume_env: VolumeEnv) -> 
     env.umount()
 
 
+def test_verbose_holds_for_the_daemon_s_log(volume_env: VolumeEnv) -> None:
+    """Regression: `sealfs --verbose mount` logged debug detail only until the fork: the
+    daemon set its log level back to INFO, so its log file never held a debug line
+    (only a --foreground mount honoured --verbose)."""
+    env = volume_env
+    result = sealfs(
+        "--verbose", "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + env.log_text()
+    (env.mnt / "f").write_text("x")
+    env.umount()
+    assert " DEBUG " in env.log_text(), env.log_text()
+    # And without --verbose, none.
+    env.log.unlink()
+    env.mount()
+    (env.mnt / "f").read_text()
+    env.umount()
+    assert " DEBUG " not in env.log_text(), env.log_text()
+
+
 def test_a_second_sigterm_during_the_final_commit_does_not_kill_it(
     volume_env: VolumeEnv,
 ) -> None:
