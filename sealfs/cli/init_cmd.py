@@ -32,7 +32,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("init", help=COMMANDS["init"].help)
     p.add_argument("store", help="local directory, file:// URL or s3://bucket/prefix")
     add_s3_options(p)
-    p.add_argument("--passphrase-file", help="read the passphrase from this file")
+    p.add_argument(
+        "--passphrase-file",
+        help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE, or the"
+        " sealfs-passphrase systemd credential; default: asked twice on the terminal)",
+    )
     p.add_argument(
         "--recovery-key-file", help="write the recovery key to this new file instead of printing it"
     )

@@ -151,3 +151,36 @@ def test_a_broken_pipe_that_is_not_stdout_is_reported(
     monkeypatch.setattr(main_module, "setup_logging", _raise(BrokenPipeError(32, "Broken pipe")))
     assert main(["status", "store"]) == FAILURE
     assert capsys.readouterr().err.strip() == "sealfs: Broken pipe"
+
+
+def _option_help(parser: argparse.ArgumentParser, option: str) -> str | None:
+    for action in parser._actions:
+        if option in action.option_strings:
+            return action.help
+    return None
+
+
+def _all_parsers(
+    parser: argparse.ArgumentParser, prog: str = "sealfs"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(prog, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _all_parsers(sub, f"{prog} {name}")
+    return found
+
+
+def test_every_passphrase_file_option_names_the_other_sources() -> None:
+    """Regression: `sealfs init --help` said only "read the passphrase from this file",
+    though init, like every command, also reads SEALFS_PASSPHRASE_FILE and the
+    sealfs-passphrase credential, and a user reading it took the prompt for the only
+    other way."""
+    helps = {
+        prog: text
+        for prog, parser in _all_parsers(build_parser())
+        if (text := _option_help(parser, "--passphrase-file")) is not None
+    }
+    assert "sealfs init" in helps and "sealfs mount" in helps
+    for prog, text in helps.items():
+        assert "SEALFS_PASSPHRASE_FILE" in text, (prog, text)
