@@ -89,8 +89,8 @@ def kdf_params(args: argparse.Namespace) -> Argon2Params:
     check_kdf_options has passed them (every command does so before it prompts)."""
     if args.kdf_memory is not None and args.kdf_iterations is not None:
         return Argon2Params(args.kdf_memory * 1024, args.kdf_iterations, 4, os.urandom(16))
-    if args.kdf_memory is not None:
-        return calibrate(memory_kib=args.kdf_memory * 1024)
+    if args.kdf_memory is not None:  # the memory asked for; only the passes calibrated
+        return calibrate(memory_kib=args.kdf_memory * 1024, fixed_memory=True)
     params = calibrate()
     if args.kdf_iterations is not None:
         return Argon2Params(params.memory_kib, args.kdf_iterations, params.lanes, params.salt)

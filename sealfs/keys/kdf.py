@@ -91,20 +91,23 @@ def calibrate(
     memory_kib: int = 262144,
     lanes: int = 4,
     *,
+    fixed_memory: bool = False,
     timer: Callable[[Argon2Params], float] = _time_one,
 ) -> Argon2Params:
     """Pick Argon2id parameters that take about target_seconds on this machine.
 
     Measures one iteration at memory_kib; if that alone exceeds the target,
-    halves memory (never below MIN_MEMORY_KIB) and measures again. Iterations
-    are then scaled to the target (at least 1). timer is injectable so tests
+    halves memory (never below MIN_MEMORY_KIB) and measures again, unless
+    fixed_memory says memory_kib is the user's choice (--kdf-memory): a
+    larger memory was silently cut to what fits the target. Iterations are
+    then scaled to the target (at least 1). timer is injectable so tests
     need not run Argon2. Returns params with a fresh random salt.
     """
     salt = os.urandom(SALT_SIZE)
     params = Argon2Params(memory_kib, 1, lanes, salt)
     check_params(params)
     elapsed = timer(params)
-    while elapsed > target_seconds and params.memory_kib > MIN_MEMORY_KIB:
+    while not fixed_memory and elapsed > target_seconds and params.memory_kib > MIN_MEMORY_KIB:
         params = Argon2Params(max(MIN_MEMORY_KIB, params.memory_kib // 2), 1, lanes, salt)
         elapsed = timer(params)
     iterations = round(target_seconds / elapsed) if elapsed > 0 else MAX_ITERATIONS

@@ -3,7 +3,9 @@ concurrent changes, and changes while the volume is mounted (engine and FUSE).""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -15,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from sealfs.cli import init_cmd
 from sealfs.cli.key_cmd import change_header
 from sealfs.cli.main import main
 from sealfs.errors import PreconditionFailedError
+from sealfs.keys import kdf
 from sealfs.keys.edit import add_slot, remove_slot, replace_slot
 from sealfs.keys.header import HEADER_NAME, Keyslot, decode_header, encode_header
 from sealfs.keys.slots import (
@@ -437,3 +441,17 @@ def test_list_json_with_nested_binary_params(env: VolumeEnv) -> None:
     listed = slots(env)
     assert listed[-1]["kind"] == "tpm2" and not listed[-1]["supported"]
     assert listed[-1]["params"] == {"pcrs": [0, 7], "blob": {"pub": "0102"}}
+
+
+def test_kdf_memory_given_alone_is_the_memory_of_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: --kdf-memory without --kdf-iterations (init, key add, key passwd) went
+    through the calibration that halves memory until a pass takes 0.5 s: asked for
+    1024 MiB, a slot got 128 MiB, and only the summary line showed it."""
+
+    def slow(params: kdf.Argon2Params) -> float:
+        return params.memory_kib / 65536  # 1 s per 64 MiB: every size is "too slow"
+
+    monkeypatch.setattr(init_cmd, "calibrate", functools.partial(kdf.calibrate, timer=slow))
+    args = argparse.Namespace(kdf_memory=1024, kdf_iterations=None)
+    params = init_cmd.kdf_params(args)
+    assert (params.memory_kib, params.iterations) == (1024 * 1024, 1)

@@ -93,3 +93,17 @@ def test_calibrate_for_real() -> None:
     params = calibrate(0.01, memory_kib=MIN_MEMORY_KIB, lanes=1)
     check_params(params)
     assert params.iterations >= 1
+
+
+def test_calibrate_keeps_a_memory_the_user_chose() -> None:
+    """Regression: `--kdf-memory 1024` made a slot of 128 MiB on this machine: calibration
+    halved the memory asked for until one pass fit the target, without a word."""
+    seen: list[int] = []
+
+    def timer(params: Argon2Params) -> float:
+        seen.append(params.memory_kib)
+        return params.memory_kib / 65536  # 1 s per 64 MiB
+
+    params = calibrate(0.5, memory_kib=1 << 20, lanes=4, fixed_memory=True, timer=timer)
+    assert seen == [1 << 20]
+    assert (params.memory_kib, params.iterations) == (1 << 20, 1)
