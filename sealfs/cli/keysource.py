@@ -90,7 +90,7 @@ def add_headless_options(p: argparse.ArgumentParser, *, kms_key_pin: bool = True
         "--pkcs11-module",
         metavar="PATH",
         help=f"PKCS#11 library to load (default: {MODULE_ENV}, else the one the slot names"
-        " if it is in a root-owned location)",
+        " if it and the directories above it are root's or yours, writable by no one else)",
     )
     p.add_argument(
         "--pkcs11-pin-file",
