@@ -98,7 +98,7 @@ def is_s3_url(url: str) -> bool:
     return _scheme(url) == "s3"
 
 
-_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{2,254}$")
 # S3's "safe characters" for key prefixes, one path component at a time.
 _PREFIX_PART_RE = re.compile(r"^[A-Za-z0-9!_.*'()-]+$")
 
@@ -107,7 +107,8 @@ def validate_bucket(bucket: str) -> str:
     """Return bucket unchanged, or raise ConfigError if it cannot be an S3 bucket name."""
     if not _BUCKET_RE.match(bucket) or ".." in bucket:
         raise ConfigError(
-            "invalid S3 bucket name: use 3-63 letters, digits, dots and hyphens (s3://BUCKET/PREFIX)"
+            "invalid S3 bucket name: use 3-255 letters, digits, dots, hyphens and underscores"
+            " (s3://BUCKET/PREFIX)"
         )
     return bucket
 

@@ -207,6 +207,7 @@ def test_describe_names_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
         ("s3://AKIA:secret@bucket/p", "take no credentials"),
         ("s3://bucket/p?x=1", "no query"),
         ("s3://b/p", "invalid S3 bucket name"),
+        ("s3://ab/p", "invalid S3 bucket name: use 3-255 letters"),  # as the message says
         ("s3://bucket/a/../b", "invalid S3 key prefix"),
         ("s3://bucket/a b", "invalid S3 key prefix"),
     ],
@@ -219,5 +220,7 @@ def test_bad_s3_urls(url: str, message: str) -> None:
 
 def test_parse_s3_url() -> None:
     assert parse_s3_url("s3://bucket") == ("bucket", "")
+    assert parse_s3_url("s3://abc") == ("abc", "")
+    assert parse_s3_url("s3://Legacy_Bucket") == ("Legacy_Bucket", "")  # us-east-1, old rules
     assert parse_s3_url("s3://bucket/") == ("bucket", "")
     assert parse_s3_url("s3://bucket/a/b/") == ("bucket", "a/b")
