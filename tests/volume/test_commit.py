@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from sealfs.errors import FencedError, FsError, StoreError, SyncFailedError
 from sealfs.keys.kdf import Argon2Params
@@ -131,6 +132,36 @@ async def test_fsync_waits_for_a_commit_that_covers_later_writes(
                 assert state.inodes[second].size == len(b"late bytes")
         finally:
             store.open_gate()
+
+
+async def test_fsync_during_a_commit_that_took_its_data_waits_for_that_commit(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """The commit in flight has taken the caller's bytes, so nothing is left queued, but
+    they are not in the store yet: fsync must wait for that commit, not return at once."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = GatedStore(memory_store)
+    async with session(store, **QUIET) as v:
+        await mkfile(v, ROOT_INO, b"f", b"bytes")
+        store.close_gate()
+        async with trio.open_nursery() as nursery:
+            try:  # the gate opens inside: a failure must not leave the commit stuck at it
+                nursery.start_soon(v.commits.commit)
+                await wait_until(lambda: store.waiting > 0)
+                assert not v.commits.has_work()
+                done = trio.Event()
+
+                async def fsync() -> None:
+                    await v.fsync()
+                    done.set()
+
+                nursery.start_soon(fsync)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not done.is_set()
+            finally:
+                store.open_gate()
+            await done.wait()
+            assert b"f" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
 
 
 async def test_background_loop_commits_within_the_interval(volume_store: MemoryStore) -> None:
