@@ -164,6 +164,47 @@ async def test_fsync_during_a_commit_that_took_its_data_waits_for_that_commit(
             assert b"f" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
 
 
+class UnsyncedStore(MemoryStore):
+    """A memory store that tracks what a power cut could still lose: the objects written
+    since its last sync, and each segment created while chunks were among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsynced: set[str] = set()
+        self.early_segments: list[str] = []
+
+    def put(self, name: str, data: bytes) -> None:
+        super().put(name, data)
+        self.unsynced.add(name)
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        if name.startswith(SEGMENT_PREFIX) and any(n.startswith("c/") for n in self.unsynced):
+            self.early_segments.append(name)
+        super().put_if_absent(name, data)
+        self.unsynced.add(name)
+
+    def sync(self) -> None:
+        super().sync()
+        self.unsynced.clear()
+
+
+async def test_a_commit_syncs_chunks_before_its_segment_and_the_segment_before_fsync_returns(
+    kdf_params: Argon2Params,
+) -> None:
+    store = UnsyncedStore()
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with session(store, **QUIET) as v:
+        big = await mkfile(v, ROOT_INO, b"big", os.urandom(300_000))
+        await v.fsync()
+        assert store.unsynced == set()  # a power cut now keeps all that fsync acknowledged
+        await write_at(v, big, 1000, os.urandom(5000))
+        await mkfile(v, ROOT_INO, b"small", b"tiny")  # sealed in a batch (flush_small)
+        await v.fsync()
+        assert store.unsynced == set()
+    assert store.unsynced == set()  # the unmount's commit too
+    assert store.early_segments == []  # no segment may outlive a chunk it refers to
+
+
 async def test_background_loop_commits_within_the_interval(volume_store: MemoryStore) -> None:
     async with session(volume_store, commit_interval=0.02) as v:
         f = await mkfile(v, ROOT_INO, b"f", b"soon durable")
