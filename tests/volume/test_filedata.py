@@ -13,10 +13,11 @@ import trio
 import trio.testing
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
-from sealfs.errors import IntegrityError
+from sealfs.errors import IntegrityError, StoreError
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
+from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
@@ -33,6 +34,7 @@ from tests.volume.test_engine import (
     mkfile,
     read_all,
     session,
+    write_at,
 )
 
 MiB = 1 << 20
@@ -263,6 +265,61 @@ async def test_truncate_waits_for_a_running_flush(
         await v.release(fh)
     async with session(memory_store) as v:
         assert await read_all(v, attr.ino) == expected
+
+
+async def test_a_read_during_a_flush_sees_the_bytes_written_over_it_since(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """The bytes a flush is sealing lie under those written since: reads show the newer."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = GatedStore(memory_store)
+    old, new = stream(7, 100_000), stream(8, 60_000)
+    expected = new + old[len(new) :]
+    async with session(store, **SMALL) as v:
+        ino = await mkfile(v, ROOT_INO, b"f", old)
+        store.close_gate()
+        async with trio.open_nursery() as nursery:
+            try:  # the gate opens inside: a failure must not leave the flush stuck at it
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                await write_at(v, ino, 0, new)  # the dirty layer, over the flushing one
+                assert await read_all(v, ino) == expected
+            finally:
+                store.open_gate()
+        assert await read_all(v, ino) == expected
+        await v.fsync()
+    assert await reads_after_remount(memory_store, ino) == expected
+
+
+async def test_bytes_of_a_failed_flush_go_back_under_the_bytes_written_since(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """A flush that fails keeps its bytes buffered for the next commit, but under those
+    written over them meanwhile: putting them back on top would undo newer writes."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    faulty = FaultyStore(memory_store)
+    store = GatedStore(faulty)
+    old, new = stream(7, 100_000), stream(8, 60_000)
+    expected = new + old[len(new) :]
+
+    async def failing_commit(v: Volume) -> None:
+        with pytest.raises(StoreError):
+            await v.commits.commit()
+
+    async with session(store, **SMALL) as v:
+        ino = await mkfile(v, ROOT_INO, b"f", old)
+        store.close_gate()
+        async with trio.open_nursery() as nursery:
+            try:
+                nursery.start_soon(failing_commit, v)
+                await wait_until(lambda: store.waiting > 0)
+                await write_at(v, ino, 0, new)
+                faulty.fail_next("put", "c/", "transient")  # the chunk at the gate
+            finally:
+                store.open_gate()
+        assert await read_all(v, ino) == expected
+        await v.fsync()
+    assert await reads_after_remount(memory_store, ino) == expected
 
 
 async def test_reads_during_flushes_see_every_write(volume_store: ObjectStore) -> None:
