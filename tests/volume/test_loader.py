@@ -13,13 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.errors import IntegrityError
+from sealfs.errors import IntegrityError, StoreUnavailableError
+from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, parse_generation
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
-from sealfs.volume.loader import load_unlocked, process_start_ns, read_header, writer_alive
-from tests.conftest import PASSPHRASE, mounted
+from sealfs.store.faults import FaultyStore
+from sealfs.store.memory import MemoryStore
+from sealfs.volume.loader import (
+    create_volume,
+    load_unlocked,
+    process_start_ns,
+    read_header,
+    writer_alive,
+)
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 
 
 @contextmanager
@@ -88,6 +97,17 @@ async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
     for name in after:
         volume_store.delete(name)
     assert load_unlocked(volume_store, unlocked).live.generation == kept
+
+
+def test_a_volume_whose_creation_was_cut_short_has_no_header(kdf_params: Argon2Params) -> None:
+    """init writes the header last: a store without the root's segment must not pass for
+    a volume (a header alone unlocks to a volume with no root directory, and init then
+    refuses the store as a volume already)."""
+    store = FaultyStore(MemoryStore())
+    store.fail_next("put_if_absent", SEGMENT_PREFIX, "unavailable")
+    with pytest.raises(StoreUnavailableError):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    assert store.inner.list("") == []
 
 
 def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
