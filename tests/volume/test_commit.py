@@ -124,7 +124,7 @@ async def test_fsync_waits_for_a_commit_that_covers_later_writes(
                     done.set()
 
                 nursery.start_soon(late_fsync)
-                await trio.sleep(0.02)
+                await trio.testing.wait_all_tasks_blocked()
                 assert not done.is_set()
                 store.open_gate()
                 await done.wait()

@@ -251,7 +251,7 @@ async def test_truncate_waits_for_a_running_flush(
                 assert v.files.files[attr.ino].flushing is not None
                 await v.write(fh, len(data), b"tail")  # lands in the dirty layer meanwhile
                 nursery.start_soon(partial(v.setattr, attr.ino, size=3 * MiB))
-                await trio.sleep(0.05)
+                await trio.testing.wait_all_tasks_blocked()
                 assert v.inode(attr.ino).size == len(data) + 4  # the truncate is waiting
                 store.open_gate()
         finally:
@@ -738,7 +738,7 @@ async def test_pressure_from_bytes_being_flushed_waits_for_the_flush(
                 small = await mkfile(v, ROOT_INO, b"g", b"g" * 8192)  # a little is dirty
                 assert v.files.buffered_bytes == len(data) + 8192
                 nursery.start_soon(relieve)
-                await trio.sleep(0.2)
+                await trio.testing.wait_all_tasks_blocked()
                 assert not relieved.is_set(), "returned while the flush still held the bytes"
                 store.open_gate()
                 with trio.fail_after(10):
