@@ -22,6 +22,7 @@ WRONG_KEY = 3  # no keyslot opens with the secret given
 DAMAGED = 4  # not a volume, tampered, corrupt or unsupported objects
 BUSY = 5  # another writer holds the volume, or the mountpoint is busy
 BUG = 70  # an unexpected exception: a bug in sealfs (EX_SOFTWARE of sysexits.h)
+INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report a command killed by it
 
 _CODES: list[tuple[type[SealfsError], int]] = [
     (WrongKeyError, WRONG_KEY),

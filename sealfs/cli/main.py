@@ -12,7 +12,7 @@ from typing import NoReturn
 from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.coredumps import forbid_core_dumps
-from sealfs.cli.exitcodes import BUG, FAILURE, USAGE, exit_code
+from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.errors import SealfsError
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(exc)
     except KeyboardInterrupt:
         print("sealfs: interrupted", file=sys.stderr)
-        return USAGE
+        return INTERRUPTED
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
             # `sealfs status --json | head -1`: nothing to say, and the flush at exit

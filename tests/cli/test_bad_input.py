@@ -12,6 +12,7 @@ import hashlib
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -253,6 +254,27 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
     lines = result.stderr.strip().splitlines()
     assert len(lines) <= 2, lines  # one warning that it retries, then the error
     assert lines[-1].startswith("sealfs: store ") and "unreachable after" in lines[-1], lines
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Regression: an interrupted command exited 2, the code of a usage error."""
+    env = {**os.environ, **FAKE_ENV, "XDG_CACHE_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "sealfs.cli.main", "status", "s3://bucket/volume",
+               "--s3-endpoint", "http://127.0.0.1:1", "--store-timeout", "60"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # it retries the refused endpoint: busy, not done
+        assert "retr" in first, first
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (first, rest)
+    assert rest.strip() == "sealfs: interrupted"
 
 
 def test_missing_mountpoint(vol: VolumeEnv) -> None:
