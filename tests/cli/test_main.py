@@ -11,7 +11,7 @@ import pytest
 
 from sealfs.cli import main as main_module
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.exitcodes import BUG, BUSY, DAMAGED, FAILURE, USAGE, WRONG_KEY
+from sealfs.cli.exitcodes import BUG, BUSY, DAMAGED, FAILURE, INTERRUPTED, USAGE, WRONG_KEY
 from sealfs.cli.main import DEBUG_ENV, build_parser, command_in, main
 from sealfs.errors import ConfigError, WrongKeyError
 from tests.mounts import sealfs
@@ -128,7 +128,7 @@ def test_debug_variable_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> 
     [
         (ConfigError("bad option"), USAGE),
         (WrongKeyError("no"), WRONG_KEY),
-        (KeyboardInterrupt(), USAGE),
+        (KeyboardInterrupt(), INTERRUPTED),
     ],
 )
 def test_expected_errors_keep_their_codes(
