@@ -105,7 +105,9 @@ class ExtentMap:
         return i, max(i, j)
 
     def pieces(self, start: int, end: int) -> list[Extent]:
-        """The extents overlapping [start, end), clipped to it."""
+        """The extents overlapping [start, end), clipped to it (none if it is empty)."""
+        if start >= end:  # _span would give the extent holding start, clipped to nothing
+            return []
         i, j = self._span(start, end)
         return [e.clip(start, end) for e in self._extents[i:j]]
 

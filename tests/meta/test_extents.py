@@ -113,6 +113,15 @@ def test_replace_splits_an_extent_around_new_data() -> None:
     assert emap.chunks() == {CHUNKS[0], CHUNKS[1]}
 
 
+def test_an_empty_range_has_no_pieces() -> None:
+    """Random seeds found it: an empty range inside an extent gave one empty piece."""
+    emap = ExtentMap([Extent(0, 2, CHUNKS[0], 0)])
+    assert emap.pieces(1, 1) == []
+    assert emap.pieces(0, 0) == []
+    assert emap.pieces(2, 2) == []
+    assert emap.pieces(1, 0) == []
+
+
 def test_truncate_clips_the_last_extent() -> None:
     emap = ExtentMap([Extent(0, 10, CHUNKS[0], 0), Extent(20, 10, CHUNKS[1], 3)])
     emap.truncate(25)
