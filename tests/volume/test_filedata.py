@@ -170,7 +170,10 @@ async def test_a_streaming_write_reuses_its_buffer_blocks(volume_store: ObjectSt
         await write_stream(v, fh, data)
         await v.fsync()
         assert pool.lent == 0, "a flushed buffer kept its block"
-        assert 1 <= len(blocks) <= 3, f"{len(blocks)} blocks for ~10 early flushes"
+        # Without reuse each of the ~10 early flushes takes a new block. A few more than
+        # one is fine: a block a sealing chunk still views when its flush ends is dropped,
+        # and under load (the full suite on 2 cores) that happened to a third block.
+        assert 1 <= len(blocks) <= 5, f"{len(blocks)} blocks for ~10 early flushes"
         await v.release(fh)
         assert await read_all(v, attr.ino) == data
 
