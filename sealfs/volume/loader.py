@@ -229,11 +229,19 @@ def _fetch_in_order(
 def _load_snapshot(
     store: ObjectStore, ring: KeyRing, volume_id: bytes
 ) -> tuple[Snapshot | None, MetaState]:
-    names = store.list(SNAPSHOT_PREFIX)
-    if not names:
-        return None, MetaState()
+    for attempt in itertools.count(1):
+        names = store.list(SNAPSHOT_PREFIX)
+        if not names:
+            return None, MetaState()
+        try:
+            sealed = store.get(names[-1])
+            break
+        except ObjectNotFoundError:
+            # A writer deletes a snapshot once two newer ones are written: list again. Still
+            # missing the third time, it is not that (an object listed but unreadable).
+            if attempt == 3:
+                raise
     gen = parse_generation(names[-1])
-    sealed = store.get(names[-1])
     try:
         return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
     except (IntegrityError, FormatError) as exc:

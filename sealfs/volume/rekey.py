@@ -237,7 +237,7 @@ class Rekeyer:
         try:
             return get_opened(self._store, name, lambda data: self._reseal_from(name, data))
         except ObjectNotFoundError:
-            return 0  # gone meanwhile (nothing deletes today; a collector will)
+            return 0  # gone meanwhile (a snapshot the writer superseded twice)
 
     def _reseal_from(self, name: str, data: bytes) -> int:
         try:

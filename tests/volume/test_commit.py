@@ -728,16 +728,40 @@ async def test_second_snapshot_builds_on_the_first(
 ) -> None:
     monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 10)
     async with session(volume_store, **QUIET) as v:
-        for round_ in range(3):
+        written = []
+        for round_ in range(4):
             for k in range(6):
                 await mkfile(v, ROOT_INO, b"r%d-%d" % (round_, k), b"%d" % k)
             await v.fsync()
-            await snapshot_now(v, volume_store)
-        assert len(volume_store.list(SNAPSHOT_PREFIX)) >= 3
+            written.append(await snapshot_now(v, volume_store))
+        # Only the newest two are kept: each is a whole copy of the metadata.
+        assert volume_store.list(SNAPSHOT_PREFIX) == written[-2:]
     for name in segments(volume_store):
         if parse_generation(name) <= parse_generation(volume_store.list(SNAPSHOT_PREFIX)[-1]):
             volume_store.delete(name)
     assert_replay_equals_live(volume_store, v)
+
+
+async def test_old_snapshots_that_cannot_be_removed_leave_the_snapshot_written(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Removing superseded snapshots is housekeeping: a store refusing the deletes must
+    neither fail the snapshot nor stop the next one from removing them."""
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_OPS", 10)
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        written = []
+        for round_ in range(3):
+            await mkfile(v, ROOT_INO, b"r%d" % round_, b"x")
+            await v.fsync()
+            if round_ == 2:
+                faulty.fail_next("delete", SNAPSHOT_PREFIX, "unavailable")
+            written.append(await snapshot_now(v, faulty.inner))  # type: ignore[arg-type]
+        assert faulty.inner.list(SNAPSHOT_PREFIX) == written
+        assert "could not remove old snapshots" in caplog.text
+        await mkfile(v, ROOT_INO, b"r3", b"x")
+        await v.fsync()
+        newest = await snapshot_now(v, faulty.inner)  # type: ignore[arg-type]
+        assert faulty.inner.list(SNAPSHOT_PREFIX) == [written[-1], newest]
 
 
 # -- orphans at mount ------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.errors import IntegrityError, StoreUnavailableError
+from sealfs.errors import IntegrityError, ObjectNotFoundError, StoreUnavailableError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, unlock
-from sealfs.meta.codec import SEGMENT_PREFIX, parse_generation
+from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, snapshot_name
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
@@ -97,6 +97,50 @@ async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
     for name in after:
         volume_store.delete(name)
     assert load_unlocked(volume_store, unlocked).live.generation == kept
+
+
+class VanishingSnapshotStore(MemoryStore):
+    """Lists a newer snapshot that is gone when read, as a writer may delete one between a
+    reader's list and its get; for `times` listings (None: always)."""
+
+    GONE = snapshot_name(10**9)
+
+    def __init__(self, inner: MemoryStore, times: int | None) -> None:
+        super().__init__()
+        self._objects = inner._objects
+        self.times = times
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        names = super().list(prefix, start_after)
+        if prefix == SNAPSHOT_PREFIX and self.times != 0:
+            self.times = None if self.times is None else self.times - 1
+            names.append(self.GONE)
+        return names
+
+
+@pytest.mark.parametrize("times", [1, 2])
+async def test_a_snapshot_deleted_after_it_was_listed_is_listed_again(
+    memory_store: MemoryStore, kdf_params: Argon2Params, times: int
+) -> None:
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with mounted(memory_store) as volume:
+        fh, _ = await volume.create(ROOT_INO, b"f", 0o644, os.O_WRONLY, 0, 0)
+        await volume.release(fh)
+        await volume.fsync()
+        await volume.commits.snapshot()
+    unlocked = unlock(read_header(memory_store), Passphrase(PASSPHRASE))
+    loaded = load_unlocked(VanishingSnapshotStore(memory_store, times), unlocked)
+    assert b"f" in loaded.live.inodes[ROOT_INO].entries  # type: ignore[operator]
+
+
+def test_a_snapshot_listed_but_never_readable_is_an_error(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Listing again is for a snapshot a writer deleted; one that stays unreadable fails."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    unlocked = unlock(read_header(memory_store), Passphrase(PASSPHRASE))
+    with pytest.raises(ObjectNotFoundError):
+        load_unlocked(VanishingSnapshotStore(memory_store, None), unlocked)
 
 
 def test_a_volume_whose_creation_was_cut_short_has_no_header(kdf_params: Argon2Params) -> None:
