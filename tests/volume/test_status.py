@@ -77,7 +77,9 @@ async def test_sizes_against_what_was_written_and_what_the_store_holds(
         in_store = chunk_object_bytes(volume_store)
         assert status["store_chunk_bytes"] == in_store
         assert status["store_chunks"] == len(volume_store.list("c/"))
-        assert len(other) < in_store - status["stored_bytes"] < len(other) + 100  # sealed
+        # other's bytes, sealed: 36 bytes of envelope per chunk, and usually two chunks;
+        # an early flush under load (the full suite) may cut it into a few more.
+        assert len(other) < in_store - status["stored_bytes"] < len(other) + 8 * 36
 
 
 async def test_a_mount_s_status_lets_other_requests_in_while_it_counts(
