@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from argon2.exceptions import HashingError
 from argon2.low_level import Type, hash_secret_raw
 
-from sealfs.errors import FormatError, WeakKdfError
+from sealfs.errors import FormatError, KeyUnavailableError, WeakKdfError
 
 KEY_SIZE = 32
 SALT_SIZE = 16
@@ -66,18 +67,30 @@ def check_params(p: Argon2Params) -> None:
 
 
 def derive_key(secret: bytes, params: Argon2Params) -> bytes:
-    """Stretch secret into a 32-byte key with Argon2id; check params first."""
+    """Stretch secret into a 32-byte key with Argon2id; check params first.
+
+    Raises KeyUnavailableError if Argon2 cannot run them here: a slot's memory
+    (up to MAX_MEMORY_KIB, 4 GiB) need not fit every machine or ulimit -v.
+    """
     check_params(params)
-    return hash_secret_raw(
-        secret=secret,
-        salt=params.salt,
-        time_cost=params.iterations,
-        memory_cost=params.memory_kib,
-        parallelism=params.lanes,
-        hash_len=KEY_SIZE,
-        type=Type.ID,
-        version=ARGON2_VERSION,
-    )
+    try:
+        return hash_secret_raw(
+            secret=secret,
+            salt=params.salt,
+            time_cost=params.iterations,
+            memory_cost=params.memory_kib,
+            parallelism=params.lanes,
+            hash_len=KEY_SIZE,
+            type=Type.ID,
+            version=ARGON2_VERSION,
+        )
+    except HashingError as exc:
+        # Reported as "unexpected HashingError ... a bug in sealfs" (exit 70) before.
+        raise KeyUnavailableError(
+            f"Argon2 could not stretch the passphrase with {params.memory_kib // 1024} MiB"
+            f" ({exc}): free memory or raise ulimit -v, or use a machine with more"
+            " (--kdf-memory sets a new slot's memory)"
+        ) from None
 
 
 def _time_one(params: Argon2Params) -> float:
