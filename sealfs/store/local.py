@@ -107,6 +107,13 @@ def _is_object_name(name: str) -> bool:
     return True
 
 
+def _same_device(path: Path, device: int) -> bool:
+    try:
+        return os.lstat(path).st_dev == device
+    except OSError:
+        return False
+
+
 def _may_hold(dir_name: str, prefix: str, start_after: str) -> bool:
     """Whether some name under directory dir_name can match prefix and sort after start_after."""
     under = dir_name + "/"
@@ -487,10 +494,22 @@ class LocalStore:
         """Remove temp files left by a crash that are older than older_than seconds.
 
         Returns how many were removed. Younger ones may belong to a live writer.
+        Looks in the root and the directories named as objects are, on the root's
+        file system only: nothing else under the root is the store's.
         """
         cutoff = time.time() - older_than
         removed = 0
-        for dirpath, _dirs, files in os.walk(self.root):
+        try:
+            device = os.stat(self.root).st_dev  # the root may be a symlink to the store
+        except FileNotFoundError:
+            return 0
+        for dirpath, dirs, files in os.walk(self.root):
+            # Only where objects are written: directories named as object names are, on
+            # the store's own file system. Not into whatever else lies under the root (a
+            # plaintext view or another disk mounted there), whose own files were removed.
+            dirs[:] = [
+                d for d in dirs if _is_object_name(d) and _same_device(Path(dirpath) / d, device)
+            ]
             for file in files:
                 if file.startswith(TEMP_PREFIX) and self._remove_if_older(
                     Path(dirpath) / file, cutoff
