@@ -277,6 +277,26 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     assert rest.strip() == "sealfs: interrupted"
 
 
+def test_kdf_memory_the_machine_cannot_give_is_an_error_not_a_bug(tmp_path: Path) -> None:
+    """Regression: `sealfs init --kdf-memory 1024` (or unlocking such a slot) where the
+    memory cannot be had (a small machine, ulimit -v) ended with "unexpected
+    HashingError: Memory allocation error; this is a bug in sealfs", exit 70."""
+
+    def little_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (700 << 20, 700 << 20))
+
+    store, key_file = tmp_path / "store", tmp_path / "recovery-key"
+    passfile = write_secret(tmp_path / "pass", "a passphrase of some length\n")
+    result = sealfs(
+        "init", str(store), "--passphrase-file", str(passfile), "--kdf-memory", "1024",
+        "--recovery-key-file", str(key_file), preexec_fn=little_memory,
+    )  # fmt: skip
+    err = one_line(result, 1)
+    assert "Argon2 could not stretch the passphrase with 1024 MiB" in err, err
+    assert "ulimit -v" in err
+    assert not store.exists() and not key_file.exists()
+
+
 def test_missing_mountpoint(vol: VolumeEnv) -> None:
     result = sealfs(
         "mount", str(vol.store), str(vol.root / "nowhere"), "--passphrase-file", str(vol.passfile),

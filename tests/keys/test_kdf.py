@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from argon2.exceptions import HashingError
 
-from sealfs.errors import FormatError, KeyUnavailableError, WeakKdfError
-from sealfs.keys import kdf
+from sealfs.errors import FormatError, WeakKdfError
 from sealfs.keys.kdf import (
     MAX_MEMORY_KIB,
     MIN_MEMORY_KIB,
@@ -109,18 +107,3 @@ def test_calibrate_keeps_a_memory_the_user_chose() -> None:
     params = calibrate(0.5, memory_kib=1 << 20, lanes=4, fixed_memory=True, timer=timer)
     assert seen == [1 << 20]
     assert (params.memory_kib, params.iterations) == (1 << 20, 1)
-
-
-def test_memory_argon2_cannot_get_is_an_error_not_a_bug(
-    fast_kdf: Argon2Params, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Regression: `sealfs init --kdf-memory 4096` (or unlocking such a slot) where 4 GiB
-    cannot be allocated (a small machine, ulimit -v) ended with "unexpected HashingError:
-    Memory allocation error; this is a bug in sealfs", exit 70."""
-
-    def no_memory(**_: object) -> bytes:
-        raise HashingError("Memory allocation error")
-
-    monkeypatch.setattr(kdf, "hash_secret_raw", no_memory)
-    with pytest.raises(KeyUnavailableError, match="could not stretch the passphrase with 64 MiB"):
-        derive_key(b"pw", fast_kdf)

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ from sealfs.errors import (
 )
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
-from tests.store.conftest import CrashableDisk
+from tests.store.conftest import CrashableDisk, mounted_tmpfs
 
 
 def _temp_files(root: Path) -> list[Path]:
@@ -83,33 +82,26 @@ def test_leftover_temp_files_are_ignored_and_cleaned(tmp_path: Path) -> None:
     assert store.get("c/ab/x") == b"x"
 
 
-def test_crash_leftovers_are_looked_for_only_where_objects_are_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_crash_leftovers_are_looked_for_only_where_objects_are_written(tmp_path: Path) -> None:
     """Regression: the sweep walked every directory under the root, into other file
     systems too, and removed any old ".tmp-*" file there: a user's file in a plaintext
     view mounted under the store, or in a folder of their own kept in it."""
     store = LocalStore(tmp_path)
     store.put("c/ab/x", b"x")
-    crashed = tmp_path / "c" / "ab" / f"{TEMP_PREFIX}crashed"
-    foreign = [tmp_path / "My Files" / f"{TEMP_PREFIX}notes", tmp_path / "view" / f"{TEMP_PREFIX}a"]
-    two_hours_ago = time.time() - 7200
-    for path in [crashed, *foreign]:
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(b"bytes")
-        os.utime(path, (two_hours_ago, two_hours_ago))
-    real_lstat = os.lstat
-
-    def lstat(path: Any, *args: Any, **kwargs: Any) -> Any:
-        st = real_lstat(path, *args, **kwargs)
-        if Path(path) == tmp_path / "view":  # a mount point: another file system
-            return os.stat_result((*st[:2], st.st_dev + 1, *st[3:]))
-        return st
-
-    monkeypatch.setattr(os, "lstat", lstat)
-    assert store.remove_crash_leftovers(3600) == 1
-    assert not crashed.exists()
-    assert all(path.exists() for path in foreign)
+    with mounted_tmpfs(tmp_path / "view", "1m"):  # another file system, object-like name
+        crashed = tmp_path / "c" / "ab" / f"{TEMP_PREFIX}crashed"
+        foreign = [
+            tmp_path / "My Files" / f"{TEMP_PREFIX}notes",
+            tmp_path / "view" / f"{TEMP_PREFIX}a",
+        ]
+        two_hours_ago = time.time() - 7200
+        for path in [crashed, *foreign]:
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(b"bytes")
+            os.utime(path, (two_hours_ago, two_hours_ago))
+        assert store.remove_crash_leftovers(3600) == 1
+        assert not crashed.exists()
+        assert all(path.exists() for path in foreign)
 
 
 def test_lock_file_is_not_an_object(tmp_path: Path) -> None:
