@@ -102,6 +102,20 @@ async def test_fsync_on_a_clean_volume_writes_nothing(volume_store: MemoryStore)
         assert v.commits.segments_written == written
 
 
+async def fsync_in_background(volume: Any, nursery: trio.Nursery) -> trio.Event:
+    """Start an fsync; the event is set when it returns. Returns once every task is
+    blocked, so an event not set yet means the fsync is waiting."""
+    done = trio.Event()
+
+    async def fsync() -> None:
+        await volume.fsync()
+        done.set()
+
+    nursery.start_soon(fsync)
+    await trio.testing.wait_all_tasks_blocked()
+    return done
+
+
 async def test_fsync_waits_for_a_commit_that_covers_later_writes(
     memory_store: MemoryStore, kdf_params: Argon2Params
 ) -> None:
@@ -112,26 +126,18 @@ async def test_fsync_waits_for_a_commit_that_covers_later_writes(
     async with session(store, **QUIET) as v:  # type: ignore[arg-type]
         await mkfile(v, ROOT_INO, b"first", os.urandom(2 << 20))
         store.close_gate()
-        try:
-            async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
+            try:  # the gate opens inside: a failure must not leave the commit stuck at it
                 nursery.start_soon(v.fsync)
                 await wait_until(lambda: store.waiting > 0)
                 second = await mkfile(v, ROOT_INO, b"second", b"late bytes")
-                done = trio.Event()
-
-                async def late_fsync() -> None:
-                    await v.fsync()
-                    done.set()
-
-                nursery.start_soon(late_fsync)
-                await trio.testing.wait_all_tasks_blocked()
+                done = await fsync_in_background(v, nursery)
                 assert not done.is_set()
+            finally:
                 store.open_gate()
-                await done.wait()
-                state = load(memory_store)
-                assert state.inodes[second].size == len(b"late bytes")
-        finally:
-            store.open_gate()
+            await done.wait()
+            state = load(memory_store)
+            assert state.inodes[second].size == len(b"late bytes")
 
 
 async def test_fsync_during_a_commit_that_took_its_data_waits_for_that_commit(
@@ -149,14 +155,7 @@ async def test_fsync_during_a_commit_that_took_its_data_waits_for_that_commit(
                 nursery.start_soon(v.commits.commit)
                 await wait_until(lambda: store.waiting > 0)
                 assert not v.commits.has_work()
-                done = trio.Event()
-
-                async def fsync() -> None:
-                    await v.fsync()
-                    done.set()
-
-                nursery.start_soon(fsync)
-                await trio.testing.wait_all_tasks_blocked()
+                done = await fsync_in_background(v, nursery)
                 assert not done.is_set()
             finally:
                 store.open_gate()
