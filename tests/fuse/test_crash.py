@@ -21,7 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv
+from sealfs.keys.slots import Passphrase
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.local import LocalStore
+from sealfs.volume.loader import open_volume
+from tests.mounts import PASSPHRASE, VolumeEnv
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -227,12 +231,28 @@ print("synced", flush=True)
             old = got
 
 
+def committed(store: Path, sizes: dict[bytes, int]) -> bool:
+    """Whether the store's newest commit holds these root entries (directories: size 0)."""
+    live = open_volume(LocalStore(store), Passphrase(PASSPHRASE.encode())).live
+    entries = live.inodes[ROOT_INO].entries
+    assert entries is not None
+    return all(
+        name in entries and (size == 0 or live.inodes[entries[name]].size == size)
+        for name, size in sizes.items()
+    )
+
+
 def test_closed_file_is_committed_within_the_commit_interval(mounted_env: VolumeEnv) -> None:
     env = mounted_env
     data = random.Random(7).randbytes(200_000)
     (env.mnt / "lazy").write_bytes(data)  # no fsync: only the commit interval saves it
     (env.mnt / "lazydir").mkdir()
-    time.sleep(1.5)
+    # Wait until the store holds a commit with both (what a crash keeps), not a fixed
+    # 1.5 s: on a loaded machine the first commit after the 1 s interval may end later.
+    deadline = time.monotonic() + 30
+    while not committed(env.store, {b"lazy": len(data), b"lazydir": 0}):
+        assert time.monotonic() < deadline, "nothing committed within 30 s"
+        time.sleep(0.05)
     env.kill()
     env.mount()
     assert (env.mnt / "lazy").read_bytes() == data
