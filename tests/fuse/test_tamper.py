@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.crypto.envelope import ENVELOPE_OVERHEAD
 from tests.mounts import VolumeEnv
 
 pytestmark = pytest.mark.fuse
@@ -52,6 +53,14 @@ def env(pristine: Path, tmp_path: Path) -> Iterator[VolumeEnv]:
 
 def chunk_paths(store: Path) -> list[Path]:
     return sorted((store / "c").glob("*/*"))
+
+
+def whole_block_chunks(store: Path) -> list[Path]:
+    """The chunks holding BLOCK bytes or more: each holds the start of some block, which
+    read_blocks reads first. The file's last chunk may be shorter (the volume's key seeds
+    the chunking): it can sit wholly inside a block that starts in the chunk before it,
+    and once that one fails, read_blocks never reaches it."""
+    return [p for p in chunk_paths(store) if p.stat().st_size >= BLOCK + ENVELOPE_OVERHEAD]
 
 
 def object_name(store: Path, path: Path) -> str:
@@ -105,6 +114,7 @@ def runs(indexes: list[int]) -> int:
 
 def test_pristine_volume_has_several_chunks(pristine: Path) -> None:
     assert len(chunk_paths(pristine)) >= 4
+    assert len(whole_block_chunks(pristine)) >= 3  # all but perhaps the last one
 
 
 def test_flipped_byte_in_a_chunk_gives_eio_there_only(env: VolumeEnv) -> None:
@@ -138,7 +148,7 @@ def test_read_spanning_chunks_logs_typed_eio_not_exception_group(env: VolumeEnv)
 
 
 def test_swapped_chunks_give_eio_never_other_bytes(env: VolumeEnv) -> None:
-    a, b = chunk_paths(env.store)[:2]
+    a, b = whole_block_chunks(env.store)[:2]  # both read, so both logged
     os.replace(a, b)  # b now holds a's (authentic, but differently bound) bytes; a is gone
     env.mount()
     try:
