@@ -125,6 +125,9 @@ class Committer:
         self._limiter = limiter
         self.interval = interval
         self.pending: list[ops.Op] = []
+        # The batch of the commit in flight: taken from pending at the cut, not durable
+        # until its segment is published (status counts it as pending).
+        self.committing: list[ops.Op] = []
         self._lock = trio.Lock()  # one commit at a time
         self.gate = trio.Lock()  # held by partial flushes; a commit's cut waits for them
         self._wake = trio.Event()
@@ -239,6 +242,7 @@ class Committer:
     async def _commit(self, extra: list[ops.Op]) -> None:
         async with self.gate:
             batch, self.pending = self.pending, []
+            self.committing = batch
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
         for op in extra:
             record(self._live, batch, op)
@@ -249,6 +253,8 @@ class Committer:
         except BaseException:
             self.pending[:0] = batch  # nothing recorded is ever dropped; retried next time
             raise
+        finally:
+            self.committing = []
 
     def _detach(self, ino: int, batch: list[ops.Op]) -> Detached | None:
         """Take a file's dirty bytes for this commit, recording its attributes as of now.

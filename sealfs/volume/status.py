@@ -41,15 +41,19 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
     cache_bytes = store.cache_bytes() if hasattr(store, "cache_bytes") else None
     requests = request_counts(store)  # S3 stores count their requests; others give None
     buffered = volume.files.buffered_bytes
+    commits = volume.commits
     return {
         "pid": os.getpid(),
         "volume_id": volume.loaded.volume_id.hex(),
         "store": store.describe(),
         "generation": volume.commits.generation,
         "last_commit_ns": volume.commits.last_commit_ns,
-        "pending_bytes": buffered + _flushed_uncommitted(volume.commits.pending),
+        "pending_bytes": buffered
+        + _flushed_uncommitted(commits.pending)
+        + _flushed_uncommitted(commits.committing),
         "buffered_bytes": buffered,
-        "pending_records": len(volume.commits.pending),
+        # A commit in flight took its records from pending: they count until published.
+        "pending_records": len(commits.pending) + len(commits.committing),
         **sizes,
         "memory_cache_bytes": volume.chunks.cache.nbytes,
         "disk_cache_bytes": cache_bytes,

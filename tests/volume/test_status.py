@@ -9,10 +9,17 @@ import trio.lowlevel
 
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
+from sealfs.store.memory import MemoryStore
 from sealfs.volume import status
 from sealfs.volume.status import volume_status
 from tests.volume.test_engine import GID, RW, UID, install_cached_unlock, mkfile, session
-from tests.volume.test_filedata import SMALL, stream, wait_until, write_stream
+from tests.volume.test_filedata import (
+    SMALL,
+    gated_volume_store,
+    stream,
+    wait_until,
+    write_stream,
+)
 
 MiB = 1 << 20
 
@@ -44,6 +51,33 @@ async def test_pending_counts_data_sealed_early_until_it_is_committed(
         status = volume_status(v)
         assert status["pending_bytes"] == status["buffered_bytes"] == 0
         await v.release(fh)
+
+
+async def test_pending_counts_a_commit_in_flight_until_it_is_published(
+    memory_store: MemoryStore, kdf_params: Any
+) -> None:
+    """Regression: a commit takes its records out of pending at its cut, so while its
+    segment was being written status showed nothing pending: a crash then lost what a
+    script waiting for pending_bytes == 0 took as committed."""
+    store = await gated_volume_store(memory_store, kdf_params)
+    async with session(store, commit_interval=3600.0) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"f", stream(4, 200_000))
+        before = volume_status(v)
+        assert before["pending_bytes"] == 200_000 and before["pending_records"] > 0
+        store.put = memory_store.put  # type: ignore[method-assign]  # chunks pass the gate
+        store.close_gate()  # the segment's put_if_absent waits
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(v.fsync)
+                await wait_until(lambda: store.waiting > 0)
+                during = volume_status(v)
+                assert during["pending_bytes"] == 200_000, during
+                assert during["pending_records"] >= before["pending_records"], during
+                store.open_gate()
+        finally:
+            store.open_gate()
+        after = volume_status(v)
+        assert after["pending_bytes"] == after["pending_records"] == 0
 
 
 async def test_sizes_against_what_was_written_and_what_the_store_holds(
