@@ -32,6 +32,14 @@ log = logging.getLogger("sealfs.fuse")
 READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 128
 
 
+# Each ends the daemon after a final commit: SIGQUIT too, which Ctrl-\ sends to a
+# foreground mount and whose default action (a core dump, which sealfs forbids)
+# lost what was not committed yet.
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# Their default action ends a process like a crash; sealfs has no use for them.
+_IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
 def prepare(
     volume: Volume, mountpoint: str, *, allow_other: bool, log_file: str | None = None
 ) -> None:
@@ -58,14 +66,6 @@ def prepare(
         pyfuse3.init(Operations(volume, log_file), mountpoint, options)
     except RuntimeError as exc:
         raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
-
-
-# Each ends the daemon after a final commit: SIGQUIT too, which Ctrl-\\ sends to a
-# foreground mount and whose default action (a core dump, which sealfs forbids)
-# lost what was not committed yet.
-_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
-# Their default action ends a process like a crash; sealfs has no use for them.
-_IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def abandon() -> None:

@@ -46,8 +46,8 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "pid": os.getpid(),
         "volume_id": volume.loaded.volume_id.hex(),
         "store": store.describe(),
-        "generation": volume.commits.generation,
-        "last_commit_ns": volume.commits.last_commit_ns,
+        "generation": commits.generation,
+        "last_commit_ns": commits.last_commit_ns,
         "pending_bytes": buffered
         + _flushed_uncommitted(commits.pending)
         + _flushed_uncommitted(commits.committing),
@@ -59,8 +59,8 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "disk_cache_bytes": cache_bytes,
         "store_requests": requests,
         "read_only": volume.read_only,
-        "fenced": isinstance(volume.commits.stopped, FencedError),
-        "stopped": None if volume.commits.stopped is None else str(volume.commits.stopped),
+        "fenced": isinstance(commits.stopped, FencedError),
+        "stopped": None if commits.stopped is None else str(commits.stopped),
         "commit_interval": volume.options.commit_interval,
         "key_epoch": volume.loaded.keys.epoch,
         "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),
