@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import logging
 import os
 import secrets
 import threading
@@ -40,6 +41,9 @@ from sealfs.errors import (
     TransientStoreError,
 )
 from sealfs.store.base import ObjectInfo, content_etag, validate_name, validate_prefix
+from sealfs.store.direct import DirectIOUnsupported, open_direct, write_direct
+
+log = logging.getLogger("sealfs.store")
 
 # Hidden names: they never match validate_name, so list() can never return them.
 TEMP_PREFIX = ".tmp-"
@@ -57,6 +61,9 @@ _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 SYNCFS_ABOVE = 64
 FLUSH_INLINE = 4  # up to this many paths, flushed one after the other in the caller's thread
 FLUSH_THREADS = 16  # beyond it, flushes in flight at once
+# Objects at least this big are written with O_DIRECT (sealfs.store.direct says why).
+# Below it a direct write's wait for the device costs more than the page cache saves.
+DIRECT_FROM = 256 << 10
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
@@ -188,6 +195,7 @@ class LocalStore:
         self._durable_dirs: set[str] = set()
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
         self._root_id = _dir_id(self.root)  # None until init makes the root
+        self._direct = True  # until the file system refuses O_DIRECT
 
     def _written(self, path: Path, *, file: bool = True) -> None:
         """Remember that path's directory entry changed (and, if file, its data) for sync()."""
@@ -225,9 +233,9 @@ class LocalStore:
         """
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
-            fd = self._create(tmp)
+            fd = self._create(tmp, direct=self._direct and len(data) >= DIRECT_FROM)
             try:
-                _write_all(fd, data)
+                self._write_new(fd, data)
                 if durable:
                     _fdatasync(fd)
             finally:
@@ -237,13 +245,42 @@ class LocalStore:
             raise self._error(exc, f"write {name}") from exc
         return tmp
 
-    def _create(self, tmp: Path) -> int:
+    def _create(self, tmp: Path, *, direct: bool = False) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            return os.open(tmp, flags, _FILE_MODE)
+            return self._open_new(tmp, flags, direct)
         except FileNotFoundError:
             self._make_dirs(tmp.parent)  # directories come lazily
-            return os.open(tmp, flags, _FILE_MODE)
+            return self._open_new(tmp, flags, direct)
+
+    def _open_new(self, path: Path, flags: int, direct: bool) -> int:
+        if direct:
+            try:
+                return open_direct(str(path), flags, _FILE_MODE)
+            except DirectIOUnsupported as exc:
+                self._no_direct(exc)
+        return os.open(path, flags, _FILE_MODE)
+
+    def _write_new(self, fd: int, data: bytes) -> None:
+        """Write data into a new, empty file (past the page cache, if it was opened so)."""
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            try:
+                write_direct(fd, data)
+            except DirectIOUnsupported as exc:
+                self._no_direct(exc)
+            else:
+                return
+        _write_all(fd, data)
+
+    def _no_direct(self, exc: DirectIOUnsupported) -> None:
+        if self._direct:
+            log.info(
+                "local store at %s: the file system refuses O_DIRECT (%s);"
+                " writing through the page cache",
+                self.root,
+                exc,
+            )
+        self._direct = False
 
     def _make_dirs(self, path: Path) -> None:
         """mkdir -p, remembering the highest directory made above the root: its entry

@@ -96,17 +96,30 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
 @contextlib.contextmanager
 def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
     """Mount a tmpfs of the given size at path (root only), unmounting afterwards."""
-    require(os.geteuid() == 0, "mounting a tmpfs to fill a disk needs root")
+    with _mounted(path, "tmpfs", f"size={size}"):
+        yield path
+
+
+@contextlib.contextmanager
+def mounted_ramfs(path: Path) -> Iterator[Path]:
+    """Mount a ramfs at path (root only): a file system that refuses O_DIRECT."""
+    with _mounted(path, "ramfs", "mode=0755"):
+        yield path
+
+
+@contextlib.contextmanager
+def _mounted(path: Path, fstype: str, options: str) -> Iterator[None]:
+    require(os.geteuid() == 0, f"mounting a {fstype} needs root")
     path.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        ["mount", "-t", fstype, "-o", options, fstype, str(path)],
         capture_output=True,
         text=True,
         check=False,
     )
-    require(result.returncode == 0, f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    require(result.returncode == 0, f"cannot mount a {fstype} here: {result.stderr.strip()}")
     try:
-        yield path
+        yield
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
 

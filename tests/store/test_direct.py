@@ -1,0 +1,95 @@
+"""Writes past the page cache: exact bytes, and a plain write where O_DIRECT is refused."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sealfs.store.direct import ALIGN, DirectIOUnsupported, open_direct, write_direct
+from sealfs.store.local import DIRECT_FROM, LocalStore
+from tests.store.conftest import mounted_ramfs
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def _cached_bytes(path: Path) -> int:
+    """Bytes of the file that sit in the page cache (util-linux fincore)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("size", [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, 3 * ALIGN + 5, (1 << 20) + 17])
+def test_a_direct_write_leaves_exactly_the_bytes(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "object"
+    fd = open_direct(str(path), _NEW, 0o600)
+    try:
+        write_direct(fd, data)
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT  # later writes are plain
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
+
+
+def test_a_direct_write_the_device_refuses_writes_nothing(tmp_path: Path) -> None:
+    """An offset that is not block-aligned: the kernel answers EINVAL (tmp_path must be on
+    a block device's file system, as it is in CI)."""
+    path = tmp_path / "object"
+    fd = open_direct(str(path), _NEW, 0o600)
+    try:
+        os.lseek(fd, 1, os.SEEK_SET)
+        with pytest.raises(DirectIOUnsupported):
+            write_direct(fd, os.urandom(2 * ALIGN))
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+    finally:
+        os.close(fd)
+    assert path.stat().st_size == 0
+
+
+def test_large_objects_bypass_the_page_cache_and_small_ones_do_not(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    large, small = os.urandom(DIRECT_FROM + 100), os.urandom(DIRECT_FROM - 1)
+    store.put("c/ab/large", large)
+    store.put_if_absent("c/ab/small", small)
+    assert _cached_bytes(tmp_path / "c/ab/large") <= ALIGN  # only the tail went through it
+    assert _cached_bytes(tmp_path / "c/ab/small") == len(small) + ALIGN - len(small) % ALIGN
+    assert store.get("c/ab/large") == large
+    assert store.get("c/ab/small") == small
+
+
+def test_open_direct_where_it_is_refused_leaves_no_file(tmp_path: Path) -> None:
+    with mounted_ramfs(tmp_path / "ram") as ram:
+        with pytest.raises(DirectIOUnsupported):
+            open_direct(str(ram / "object"), _NEW, 0o600)
+        assert list(ram.iterdir()) == []
+
+
+def test_a_store_where_o_direct_is_refused_writes_through_the_page_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with mounted_ramfs(tmp_path / "ram") as ram:
+        store = LocalStore(ram)
+        objects = {f"c/ab/{i}": os.urandom(DIRECT_FROM + i) for i in range(3)}
+        with caplog.at_level(logging.INFO, logger="sealfs.store"):
+            for name, data in objects.items():
+                store.put(name, data)
+            store.put_if_absent("l/00000001", objects["c/ab/0"])
+            store.sync()
+        assert {name: store.get(name) for name in objects} == objects
+        assert store.get("l/00000001") == objects["c/ab/0"]
+        notes = [r.getMessage() for r in caplog.records if "O_DIRECT" in r.getMessage()]
+        assert notes == [
+            f"local store at {ram}: the file system refuses O_DIRECT (Invalid argument);"
+            " writing through the page cache"
+        ]
+        assert not [p for p in ram.rglob(".tmp-*")]
