@@ -470,6 +470,8 @@ def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count
     store.put("sealfs.vol", b"header v1")
     store.sync()
     objects = {f"c/{i % 40:02x}/{i}": os.urandom(100 + i * 997 % 70_000) for i in range(count)}
+    # and some written past the page cache
+    objects |= {f"c/ff/{i}": os.urandom(local.DIRECT_FROM + i * 4097) for i in range(3)}
     with ThreadPoolExecutor(4) as pool:  # puts come from several threads, as in a commit
         list(pool.map(lambda item: store.put(*item), objects.items()))
     store.put_if_absent("l/00000001", b"segment")
