@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv
+from tests.mounts import VolumeEnv, sealfs
 from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
@@ -91,11 +91,11 @@ class Writer:
         self.proc.wait()
 
 
-def test_the_readme_backup_of_a_live_store_is_complete(tmp_path: Path) -> None:
+def test_the_readme_backup_of_a_live_store_is_complete(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
     require(shutil.which("rsync") is not None, "rsync is needed (scripts/setup installs it)")
-    original = VolumeEnv(tmp_path / "original")
-    copy = VolumeEnv(tmp_path / "copy")
-    original.init()
+    original = volume_env
     original.mount()
     data = original.mnt / "agent"
     data.mkdir()
@@ -114,6 +114,7 @@ def test_the_readme_backup_of_a_live_store_is_complete(tmp_path: Path) -> None:
     last = writer.committed
     original.umount()
 
+    copy = VolumeEnv(tmp_path / "copy")
     (original.root / "backup").rename(copy.store)
     copy.mount("--read-only")
     try:
@@ -124,11 +125,43 @@ def test_the_readme_backup_of_a_live_store_is_complete(tmp_path: Path) -> None:
             assert path.name == f"ckpt-{doc['i'] % 4}.json"
             latest[doc["i"] % 4] = doc["i"]
         lines = [json.loads(line)["i"] for line in (copy.mnt / "agent/log.jsonl").open()]
-    finally:
         copy.umount()
+    finally:
+        copy.cleanup()  # only after a failure: the body unmounted it
     assert lines == list(range(1, len(lines) + 1))  # a prefix of the log, no gap
     assert before <= len(lines) <= last
     # The copy is one cut of the writer's operations: each checkpoint holds its newest
     # version up to the log's last line, or up to the next (renamed before its line).
     n = len(lines)
     assert latest in ({i % 4: i for i in range(k - 3, k + 1)} for k in (n, n + 1)), (n, latest)
+
+
+def test_the_readme_restore_brings_back_the_copy_s_generation(volume_env: VolumeEnv) -> None:
+    require(shutil.which("rsync") is not None, "rsync is needed (scripts/setup installs it)")
+    restore = re.search(r"To restore, unmount, then `([^`]+)`", README.read_text())
+    assert restore is not None, "README lost its restore command"
+    env = volume_env
+    env.mount()
+    (env.mnt / "kept.txt").write_text("version 1")
+    env.umount()
+    for command in readme_backup_commands():
+        subprocess.run(command, shell=True, cwd=env.root, check=True)
+    copied = _generation(env)
+    env.mount()
+    (env.mnt / "kept.txt").write_text("version 2")
+    (env.mnt / "later.txt").write_text("written after the backup")
+    env.umount()
+    assert _generation(env) > copied
+    subprocess.run(restore.group(1), shell=True, cwd=env.root, check=True)
+    assert _generation(env) == copied
+    env.mount()
+    assert sorted(p.name for p in env.mnt.iterdir()) == ["kept.txt"]
+    assert (env.mnt / "kept.txt").read_text() == "version 1"
+    env.umount()
+
+
+def _generation(env: VolumeEnv) -> int:
+    """The newest committed generation of the unmounted volume (sealfs status STORE)."""
+    out = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile), "--json")
+    assert out.returncode == 0, out.stderr
+    return int(json.loads(out.stdout)["generation"])
