@@ -31,8 +31,10 @@ def write_secret(path: Path, text: str | bytes) -> Path:
 
     A file other users can read makes every command warn (one more line on stderr).
     """
-    path.write_bytes(text.encode() if isinstance(text, str) else text)
-    path.chmod(0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    path.chmod(0o600)  # a file that existed keeps its mode through O_CREAT
     return path
 
 
