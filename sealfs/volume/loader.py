@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import hashlib
 import itertools
 import os
 import socket
@@ -28,6 +29,7 @@ from sealfs.errors import (
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
+    UnsupportedVersionError,
     VolumeExistsError,
     WriterConflictError,
 )
@@ -150,6 +152,7 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
         base, state = _load_snapshot(store, ring, volume_id)
         tail: list[LoggedSegment] = []
         names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
+        previous = b""  # the sealed bytes of the segment before, once one was read
         with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
             for name, sealed in fetched:
                 gen = parse_generation(name)
@@ -160,9 +163,27 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
                 try:
                     replay_segment(state, logged)
                 except IntegrityError as exc:
+                    if previous and logged.segment.prev_hash == hashlib.sha256(previous).digest():
+                        raise _older_chain(name) from None
                     raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
                 tail.append(logged)
+                previous = sealed
     return Loaded(store, header, ring, state, base, tail)
+
+
+def _older_chain(name: str) -> UnsupportedVersionError:
+    """A segment chained to the SHA-256 of the sealed bytes before it, not of the payload.
+
+    sealfs builds before key epochs (commit 390f534) wrote their logs so, under the same
+    format version. A store cannot forge that link (the segment is authenticated), so
+    this is an older build's volume, not tampering: moving segments out, the fix for a
+    broken chain, would lose its files, and the build that made it still reads it.
+    """
+    return UnsupportedVersionError(
+        f"log segment {name} was written by an older sealfs build (its hash chain covers"
+        " sealed bytes, as before key epochs), which this build does not read: mount the"
+        " volume with that build, nothing was changed, and copy its files to a new volume"
+    )
 
 
 def _log_fix(name: str, state: MetaState) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import socket
 import subprocess
@@ -13,10 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.errors import IntegrityError, ObjectNotFoundError, StoreUnavailableError
+from sealfs.errors import (
+    IntegrityError,
+    ObjectNotFoundError,
+    StoreUnavailableError,
+    UnsupportedVersionError,
+)
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, unlock
-from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, snapshot_name
+from sealfs.meta.codec import (
+    SEGMENT_PREFIX,
+    SNAPSHOT_PREFIX,
+    Segment,
+    encode_segment,
+    parse_generation,
+    segment_name,
+    snapshot_name,
+)
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
@@ -97,6 +111,27 @@ async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
     for name in after:
         volume_store.delete(name)
     assert load_unlocked(volume_store, unlocked).live.generation == kept
+
+
+def test_a_log_chained_by_sealed_bytes_is_refused_as_an_older_format(
+    volume_store: ObjectStore,
+) -> None:
+    # Builds before key epochs chained each segment to the SHA-256 of the previous
+    # segment's sealed bytes, not of its payload. Their volumes carry the same format
+    # version, so the chain is the only tell: such a log is no tampering, and moving its
+    # segments out of the store (the fix for a broken chain) would throw its files away.
+    unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))
+    loaded = load_unlocked(volume_store, unlocked)
+    for gen in (2, 3):
+        prev = hashlib.sha256(volume_store.get(segment_name(gen - 1))).digest()
+        with loaded.keys.sealing() as keys:
+            sealed, _ = encode_segment(keys, loaded.volume_id, Segment(gen, prev, 1, []))
+        volume_store.put_if_absent(segment_name(gen), sealed)
+    with pytest.raises(UnsupportedVersionError) as info:
+        load_unlocked(volume_store, unlocked)
+    message = str(info.value)
+    assert "l/0000000000000002" in message and "older sealfs build" in message
+    assert "tampered" not in message and "out of the store" not in message
 
 
 class VanishingSnapshotStore(MemoryStore):
