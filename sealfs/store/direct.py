@@ -10,9 +10,12 @@ which moves the bytes from one reused buffer (docs/design.md, "Local store").
 O_DIRECT wants the buffer, offset and length aligned to the device's logical
 block: the bytes are copied into a page-aligned buffer (one per thread,
 reused), all whole 4 KiB blocks are written directly, and the tail is written
-through the page cache after O_DIRECT is switched off on the descriptor. No
-padding ever reaches the file. A file system that refuses O_DIRECT (EINVAL)
-gets the plain write instead; the caller remembers that and stops trying.
+through the page cache after O_DIRECT is switched off on the descriptor. The
+buffer holds at most WINDOW bytes: a larger object (a big snapshot) goes
+through it a window at a time, or every worker thread that ever wrote one
+would keep a copy of its size for as long as it lives. No padding ever
+reaches the file. A file system that refuses O_DIRECT (EINVAL) gets the
+plain write instead; the caller remembers that and stops trying.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import threading
 
 ALIGN = 4096  # a multiple of every common logical block size (512 B and 4 KiB)
 _GROW = 1 << 20  # buffers grow in whole MiB, so a run of sizes does not remap each time
+# The most a thread's buffer holds: every chunk (at most 4 MiB sealed, plus a few bytes)
+# in one write, and an object larger than this in pieces of this size.
+WINDOW = 8 << 20
 
 _local = threading.local()
 
@@ -68,12 +74,14 @@ def write_direct(fd: int, data: bytes | memoryview) -> None:
     whole = len(view) // ALIGN * ALIGN
     done = 0
     if whole:
-        buf = _aligned_buffer(whole)
+        buf = _aligned_buffer(min(whole, WINDOW))
         with memoryview(buf) as out:
-            out[:whole] = view[:whole]
             try:
                 while done < whole:
-                    done += os.write(fd, out[done:whole])
+                    start, size = done, min(whole - done, WINDOW)
+                    out[:size] = view[start : start + size]
+                    while done < start + size:
+                        done += os.write(fd, out[done - start : size])
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise

@@ -6,11 +6,12 @@ import fcntl
 import logging
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from sealfs.store.direct import ALIGN, DirectIOUnsupported, open_direct, write_direct
+from sealfs.store.direct import ALIGN, WINDOW, DirectIOUnsupported, open_direct, write_direct
 from sealfs.store.local import DIRECT_FROM, LocalStore
 from tests.store.conftest import mounted_ramfs
 
@@ -54,6 +55,36 @@ def test_a_direct_write_the_device_refuses_writes_nothing(tmp_path: Path) -> Non
     finally:
         os.close(fd)
     assert path.stat().st_size == 0
+
+
+def _shared_resident() -> int:
+    """Bytes of shared memory this process has resident: the threads' aligned buffers
+    are anonymous shared mappings."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no RssShmem in /proc/self/status")
+
+
+def test_a_thread_keeps_no_copy_of_the_largest_object_it_wrote(tmp_path: Path) -> None:
+    """Regression: a thread's buffer grew to the largest object it ever wrote (the
+    snapshot of a big volume: hundreds of MiB) and stayed while the thread lived, and
+    trio keeps a busy mount's worker threads; with 8 of them, 8 such copies."""
+    store = LocalStore(tmp_path)
+    data = os.urandom(6 * WINDOW + ALIGN + 1)
+    kept: list[int] = []
+
+    def put() -> None:
+        before = _shared_resident()
+        store.put("c/ab/large", data)
+        kept.append(_shared_resident() - before)
+
+    thread = threading.Thread(target=put)
+    thread.start()
+    thread.join()
+    assert store.get("c/ab/large") == data
+    assert kept and kept[0] <= WINDOW
 
 
 def test_large_objects_bypass_the_page_cache_and_small_ones_do_not(tmp_path: Path) -> None:
