@@ -209,3 +209,26 @@ async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
         with trio.fail_after(60):
             await volume.rekey.done.wait()
     check_rekeyed(volume_store, 1)
+
+
+async def test_a_damaged_chunk_no_file_uses_does_not_stop_the_rekey(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a power cut leaves of a chunk written but never committed: a file cut short
+    under the chunk's name (after a direct write, to its last whole 4 KiB)."""
+    async with mounted(volume_store) as volume:
+        files = await write_sample(volume, b"p", 1 << 20)
+    leftover = "c/ff/" + "ff" * 32
+    volume_store.put(leftover, volume_store.get(volume_store.list("c/")[0])[:4096])
+    start_rekey(volume_store)
+    async with mounted(volume_store) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.finished, volume.rekey.progress.error
+        await check_files(volume, files)
+    epochs = object_epochs(volume_store)
+    assert epochs.pop(leftover) == 0  # left as it was
+    assert set(epochs.values()) == {1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w for w in warnings if leftover in w and "not re-sealed" in w]
