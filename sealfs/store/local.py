@@ -233,9 +233,9 @@ class LocalStore:
         """
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
-            fd = self._create(tmp, direct=self._direct and len(data) >= DIRECT_FROM)
+            fd, direct = self._create(tmp, direct=self._direct and len(data) >= DIRECT_FROM)
             try:
-                self._write_new(fd, data)
+                self._write_new(fd, data, direct=direct)
                 if durable:
                     _fdatasync(fd)
             finally:
@@ -245,7 +245,8 @@ class LocalStore:
             raise self._error(exc, f"write {name}") from exc
         return tmp
 
-    def _create(self, tmp: Path, *, direct: bool = False) -> int:
+    def _create(self, tmp: Path, *, direct: bool) -> tuple[int, bool]:
+        """Create tmp; (descriptor, whether it was opened with O_DIRECT)."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             return self._open_new(tmp, flags, direct)
@@ -253,17 +254,17 @@ class LocalStore:
             self._make_dirs(tmp.parent)  # directories come lazily
             return self._open_new(tmp, flags, direct)
 
-    def _open_new(self, path: Path, flags: int, direct: bool) -> int:
+    def _open_new(self, path: Path, flags: int, direct: bool) -> tuple[int, bool]:
         if direct:
             try:
-                return open_direct(str(path), flags, _FILE_MODE)
+                return open_direct(str(path), flags, _FILE_MODE), True
             except DirectIOUnsupported as exc:
                 self._no_direct(exc)
-        return os.open(path, flags, _FILE_MODE)
+        return os.open(path, flags, _FILE_MODE), False
 
-    def _write_new(self, fd: int, data: bytes) -> None:
+    def _write_new(self, fd: int, data: bytes, *, direct: bool) -> None:
         """Write data into a new, empty file (past the page cache, if it was opened so)."""
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+        if direct:
             try:
                 write_direct(fd, data)
             except DirectIOUnsupported as exc:
