@@ -93,7 +93,9 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 def run_mount(args: argparse.Namespace) -> int:
     options = _options(args)
-    mountpoint = os.path.abspath(args.mountpoint)
+    # Resolved: fusermount3 (a mount by a user other than root) refuses a mountpoint
+    # that is a symlink, and the mount table holds the real path anyway.
+    mountpoint = os.path.realpath(args.mountpoint)
     _check_paths(args.store, mountpoint, args.cache_dir)  # before the log file is made
     log_path = "" if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
@@ -267,7 +269,7 @@ def mounted_status(mnt: str) -> dict[str, object] | None:
 
 
 def run_sync(args: argparse.Namespace) -> int:
-    mnt = os.path.abspath(args.mountpoint)
+    mnt = os.path.realpath(args.mountpoint)  # as the mount table holds it
     status = live_status(mnt)
     if status is None:
         print(f"sealfs: the daemon of {mnt} has died: run 'sealfs umount {mnt}'",
@@ -289,7 +291,7 @@ def _daemon_log(status: dict[str, object]) -> str:
 
 
 def run_umount(args: argparse.Namespace) -> int:
-    mnt = os.path.abspath(args.mountpoint)
+    mnt = os.path.realpath(args.mountpoint)  # as the mount table holds it
     seconds(args.timeout, "--timeout", zero=True)
     status = live_status(mnt)
     if status is None:

@@ -162,15 +162,18 @@ def is_mounted(path: str) -> bool:
     """Whether something is mounted on path, per the mount table.
 
     os.path.ismount stats the path, and a mount whose daemon died answers
-    ENOTCONN: it looked unmounted, so nothing could clean it up.
+    ENOTCONN: it looked unmounted, so nothing could clean it up. Symlinks are
+    resolved, as the kernel does: the table holds the real path, and a mountpoint
+    named through one (a home under /var/home, a unit's /var/run/...) looked
+    unmounted, so status, sync and umount refused it.
     """
-    target = os.path.abspath(path)
+    target = os.path.realpath(path)  # does not fail on a dead mount: takes it as it is
     return any(mountpoint == target for mountpoint, _ in mounts())
 
 
 def sealfs_mount_above(path: str) -> str | None:
     """The sealfs mountpoint that path lies under (not on), if any."""
-    target = os.path.abspath(path)
+    target = os.path.realpath(path)
     for mountpoint, kind in mounts():
         if kind == "fuse.sealfs" and target.startswith(mountpoint.rstrip("/") + "/"):
             return mountpoint
@@ -198,7 +201,7 @@ def _answers(mountpoint: str) -> bool:
 
 def _is_sealfs_mount(mountpoint: str) -> bool:
     """Whether the topmost mount on mountpoint is one that sealfs made (see prepare())."""
-    target = os.path.abspath(mountpoint)
+    target = os.path.realpath(mountpoint)
     on_it = [(source, kind) for source, path, kind in mount_table() if path == target]
     if not on_it:
         return False

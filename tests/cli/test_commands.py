@@ -197,6 +197,26 @@ def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -
     env.umount()
 
 
+def test_a_mount_named_through_a_symlinked_directory(volume_env: VolumeEnv) -> None:
+    """Regression: status, sync and umount compared the path as given with the mount
+    table, which holds the real path: a home under a symlink (/home -> /var/home) made
+    `sealfs umount ~/state` say "not mounted" and status call the mount "not a volume"."""
+    env = volume_env
+    (env.root / "via").symlink_to(env.root)
+    mnt = env.root / "via" / "mnt"
+    mounted = sealfs(
+        "mount", str(env.store), str(mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    (mnt / "f").write_text("through the link")
+    assert sealfs("sync", str(mnt)).returncode == 0
+    assert status_json(str(mnt))["files"] == 1
+    result = sealfs("umount", str(mnt))
+    assert result.returncode == 0, result.stderr
+    assert not env.is_mounted()
+
+
 DEAD_FUSE = """
 import sys, pyfuse3, trio
 options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
