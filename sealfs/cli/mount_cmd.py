@@ -221,14 +221,16 @@ def _log_path(given: str | None, mountpoint: str) -> str:
     mountpoint made the daemon wait on its own mount forever."""
     if given is None:
         state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-        (state / "sealfs").mkdir(parents=True, exist_ok=True)
+        # 0700, as the XDG base directory spec asks of a directory it creates.
+        (state / "sealfs").mkdir(mode=0o700, parents=True, exist_ok=True)
         given = str(state / "sealfs" / "sealfs.log")
     path = os.path.abspath(given)
     if inside(path, mountpoint):
         raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        # The owner's only, as reopen_log makes it: created here first, with open()'s
+        # 0666 less the umask, it was readable by every user (writable under umask 0).
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
     except OSError as exc:
         raise ConfigError(f"cannot open log file {path}: {exc.strerror}") from None
     return path

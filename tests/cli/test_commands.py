@@ -217,6 +217,22 @@ def test_a_mount_named_through_a_symlinked_directory(volume_env: VolumeEnv) -> N
     assert not env.is_mounted()
 
 
+def test_the_daemon_log_is_the_owner_s_only(volume_env: VolumeEnv) -> None:
+    """Regression: the log file was created with open()'s 0666 less the umask: 0644, or
+    0666 (any user could rewrite it) under umask 0, and its default directory too."""
+    env = volume_env
+    state = env.root / "state"
+    result = sealfs(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        env={**os.environ, "XDG_STATE_HOME": str(state)}, preexec_fn=lambda: os.umask(0),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    env.umount()
+    assert (state / "sealfs").stat().st_mode & 0o777 == 0o700
+    assert (state / "sealfs" / "sealfs.log").stat().st_mode & 0o777 == 0o600
+    assert "serving" in (state / "sealfs" / "sealfs.log").read_text()
+
+
 DEAD_FUSE = """
 import sys, pyfuse3, trio
 options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
