@@ -96,6 +96,10 @@ def run(argv: list[str]) -> int:
     setup_logging(log_path=None, verbose=args.verbose)
     forbid_core_dumps()  # before any command reads a secret
     code: int = args.run(args)
+    # Here, not at exit: with stdout a pipe (buffered, unless PYTHONUNBUFFERED is set)
+    # the output is written only now, and a reader gone by then failed the flush at
+    # exit, which printed "Exception ignored ... BrokenPipeError" and exited 120.
+    sys.stdout.flush()
     return code
 
 

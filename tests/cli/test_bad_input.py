@@ -203,11 +203,17 @@ def test_a_recovery_key_file_inside_the_store_is_refused(vol: VolumeEnv, tmp_pat
     assert fingerprint(vol.store) == before
 
 
-def test_output_into_a_closed_pipe_ends_quietly(vol: VolumeEnv) -> None:
-    """Regression: `sealfs status STORE --json | head -1` printed "sealfs: Broken pipe"."""
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_output_into_a_closed_pipe_ends_quietly(vol: VolumeEnv, buffered: bool) -> None:
+    """Regression: `sealfs status STORE --json | head -1` printed "sealfs: Broken pipe".
+    Buffered stdout (the default for a pipe) was written only at exit, where the failed
+    flush printed "Exception ignored ... BrokenPipeError" and exited 120."""
     command = [sys.executable, "-m", "sealfs.cli.main", "status", str(vol.store), "--json",
                "--passphrase-file", str(vol.passfile)]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None
     proc.stdout.close()  # the reader is gone before the status is printed (unlocking first)
     _, err = proc.communicate(timeout=60)
