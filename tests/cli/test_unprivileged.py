@@ -1,0 +1,85 @@
+"""The CLI run by a user other than root, as operators run it (a service account).
+
+The suite runs as root, where libfuse mounts with mount(2) and the kernel lets
+root do what a user may not. These tests switch to an unprivileged uid (with
+setpriv) for the commands whose behaviour differs: a user mounts through the
+setuid fusermount3, and only the user who made a mount can reach it. They are
+skipped unless the suite runs as root on a machine where that uid can run this
+interpreter and import sealfs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mounts import VolumeEnv
+
+pytestmark = pytest.mark.fuse
+
+NOBODY = 65534
+
+
+def as_nobody(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as uid and gid 65534, with no supplementary groups."""
+    command = [
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+        sys.executable, "-m", "sealfs.cli.main", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "HOME": "/nonexistent", "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False,
+        stdin=subprocess.DEVNULL, env=env, cwd="/",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def shared_env() -> Iterator[VolumeEnv]:
+    """A volume in a directory an unprivileged user can reach (a test's tmp_path lies
+    under root's 0700 directory); removed with whatever is mounted in it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to run commands as another user")
+    root = Path(tempfile.mkdtemp(prefix="sealfs-unprivileged-"))
+    try:
+        root.chmod(0o755)
+        env = VolumeEnv(root)
+        probe = as_nobody("--version")
+        if probe.returncode != 0:
+            pytest.skip(f"uid {NOBODY} cannot run this interpreter: {probe.stderr.strip()}")
+        env.init()
+        yield env
+        assert not env.cleanup(), "the test left a mount or a daemon behind"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def give_to_nobody(env: VolumeEnv) -> None:
+    for path in [env.root, env.passfile, env.mnt, *env.store.rglob("*"), env.store]:
+        os.lchown(path, NOBODY, NOBODY)
+
+
+def test_a_user_mounts_through_a_symlinked_mountpoint(shared_env: VolumeEnv) -> None:
+    """Regression: fusermount3 refuses a mountpoint that is a symlink ("is not a
+    directory or a regular file"), so a user's mount through one failed; root's worked."""
+    if os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
+        pytest.skip("/dev/fuse is not readable and writable by other users")
+    env = shared_env
+    give_to_nobody(env)
+    link = env.root / "link"
+    link.symlink_to(env.mnt)
+    mounted = as_nobody(
+        "mount", str(env.store), str(link), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    assert env.is_mounted()
+    unmounted = as_nobody("umount", str(link))
+    assert unmounted.returncode == 0, unmounted.stderr
+    assert not env.is_mounted()
