@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import pwd
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +23,14 @@ from sealfs.cli.paths import inside
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, SealfsError
-from sealfs.fuse.mount import abandon, fusermount, is_mounted, prepare, serve
+from sealfs.fuse.mount import (
+    abandon,
+    fusermount,
+    is_mounted,
+    prepare,
+    sealfs_mount_owner,
+    serve,
+)
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT, is_local_url, local_path
@@ -267,7 +275,22 @@ def mounted_status(mnt: str) -> dict[str, object] | None:
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             return None
+        owner = sealfs_mount_owner(mnt)
+        if exc.errno == errno.EACCES and owner is not None and owner != os.getuid():
+            # The kernel lets only the user who mounted it (not even root) reach a FUSE
+            # mount made without allow_other; "not a sealfs mount" sent them looking.
+            raise ConfigError(
+                f"{mnt} is a sealfs mount of {_user_name(owner)}, which only that user can"
+                " reach (it was mounted without --allow-other): run this command as that user"
+            ) from None
         raise ConfigError(f"{mnt} is not a sealfs mount: {exc.strerror}") from None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def run_sync(args: argparse.Namespace) -> int:

@@ -209,6 +209,22 @@ def _is_sealfs_mount(mountpoint: str) -> bool:
     return kind == "fuse.sealfs" and source.startswith("sealfs:")
 
 
+def sealfs_mount_owner(mountpoint: str) -> int | None:
+    """The uid that made the topmost sealfs mount on mountpoint (its user_id= option),
+    or None if there is none there."""
+    target = os.path.realpath(mountpoint)
+    owner = None
+    with open("/proc/self/mounts", "rb") as f:
+        for row in (line.split() for line in f):
+            if len(row) > 3 and _unescape(row[1]) == target:
+                owner = None
+                if row[2] == b"fuse.sealfs":
+                    for option in row[3].split(b","):
+                        if option.startswith(b"user_id=") and option[8:].isdigit():
+                            owner = int(option[8:])
+    return owner
+
+
 def fusermount(mountpoint: str, *, lazy: bool) -> subprocess.CompletedProcess[str]:
     """Unmount with fusermount3 (lazily: detach now, even a mount whose daemon died)."""
     cmd = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv
+from tests.mounts import VolumeEnv, sealfs
 
 pytestmark = pytest.mark.fuse
 
@@ -83,3 +83,21 @@ def test_a_user_mounts_through_a_symlinked_mountpoint(shared_env: VolumeEnv) -> 
     unmounted = as_nobody("umount", str(link))
     assert unmounted.returncode == 0, unmounted.stderr
     assert not env.is_mounted()
+
+
+def test_another_user_s_mount_is_named_as_such(shared_env: VolumeEnv) -> None:
+    """Regression: status, sync and umount of a mount made by another user (without
+    --allow-other, so the kernel refuses everyone else) said "not a sealfs mount"."""
+    env = shared_env
+    env.mount()
+    try:
+        for command in ("status", "sync", "umount"):
+            result = as_nobody(command, str(env.mnt))
+            assert result.returncode == 2, (command, result.stderr)
+            err = result.stderr.strip()
+            assert "\n" not in err and "Traceback" not in err, err
+            assert "is a sealfs mount of user root (uid 0)" in err, err
+            assert "run this command as that user" in err, err
+        assert env.is_mounted()
+    finally:
+        assert sealfs("umount", str(env.mnt)).returncode == 0
