@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import subprocess
 from collections.abc import AsyncIterator, Callable
 
@@ -49,6 +50,8 @@ def prepare(
     `umount` name when they report a failure.
     """
     _check_mountpoint(mountpoint)
+    if os.geteuid() != 0:
+        _check_user_may_mount(mountpoint, allow_other=allow_other)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
     # Said, not left to libfuse's defaults: writes by other users do not clear the
@@ -277,6 +280,46 @@ def _check_mountpoint(mountpoint: str) -> None:
             f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
             " use an empty directory"
         )
+
+
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def _check_user_may_mount(mountpoint: str, *, allow_other: bool) -> None:
+    """Refuse, in one line naming the fix, what fusermount3 would refuse a user other
+    than root. libfuse printed its own line and pyfuse3 added only "cannot mount on
+    MNT: fuse_session_mount failed", which named no cause when the line was lost."""
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise ConfigError(
+            "cannot open /dev/fuse: only root may mount on this machine; ask an"
+            " administrator to make /dev/fuse readable and writable by users (udev's"
+            " rule gives it mode 0666)"
+        )
+    st = os.stat(mountpoint)
+    if st.st_mode & stat.S_ISVTX and st.st_uid != os.getuid():
+        raise ConfigError(
+            f"mountpoint {mountpoint} is a sticky directory of another user, on which"
+            " fusermount3 refuses to mount: use a directory you own"
+        )
+    if not os.access(mountpoint, os.W_OK):
+        raise ConfigError(
+            f"mountpoint {mountpoint} is not writable by you, and fusermount3 mounts only"
+            " on a directory its user may write: use a directory you own"
+        )
+    if allow_other and not _user_allow_other():
+        raise ConfigError(
+            f"--allow-other needs a line 'user_allow_other' in {FUSE_CONF} when a user"
+            " other than root mounts: ask an administrator to add it, or drop --allow-other"
+        )
+
+
+def _user_allow_other() -> bool:
+    """Whether fuse.conf lets users mount with allow_other (a line of its own)."""
+    try:
+        with open(FUSE_CONF, encoding="utf-8", errors="replace") as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
 
 
 async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> None:

@@ -101,3 +101,48 @@ def test_another_user_s_mount_is_named_as_such(shared_env: VolumeEnv) -> None:
         assert env.is_mounted()
     finally:
         assert sealfs("umount", str(env.mnt)).returncode == 0
+
+
+def mount_as_nobody(env: VolumeEnv, *extra: str) -> subprocess.CompletedProcess[str]:
+    return as_nobody(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log), *extra,
+    )  # fmt: skip
+
+
+def refused(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_mountpoint_the_user_may_not_write_is_refused_in_one_line(
+    shared_env: VolumeEnv,
+) -> None:
+    """Regression: fusermount3's line came with "cannot mount on MNT: fuse_session_mount
+    failed", which named no cause."""
+    if os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
+        pytest.skip("/dev/fuse is not readable and writable by other users")
+    env = shared_env
+    give_to_nobody(env)
+    os.chown(env.mnt, 0, 0)  # root's, mode 0755
+    assert "is not writable by you" in refused(mount_as_nobody(env))
+    env.mnt.chmod(0o1777)  # writable, but sticky and another user's (as /tmp is)
+    assert "is a sticky directory of another user" in refused(mount_as_nobody(env))
+    assert not env.is_mounted()
+
+
+def test_allow_other_without_user_allow_other_is_refused_in_one_line(
+    shared_env: VolumeEnv,
+) -> None:
+    if os.stat("/dev/fuse").st_mode & 0o006 != 0o006:
+        pytest.skip("/dev/fuse is not readable and writable by other users")
+    with open("/etc/fuse.conf", encoding="utf-8") as f:
+        if any(line.strip() == "user_allow_other" for line in f):
+            pytest.skip("/etc/fuse.conf lets users mount with allow_other")
+    env = shared_env
+    give_to_nobody(env)
+    err = refused(mount_as_nobody(env, "--allow-other"))
+    assert "'user_allow_other' in /etc/fuse.conf" in err, err
+    assert not env.is_mounted()
