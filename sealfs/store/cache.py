@@ -56,7 +56,8 @@ class CachingStore:
     """Wrap an ObjectStore with a bounded on-disk cache of chunks. Thread-safe.
 
     Raises what the inner store raises; never raises because of the cache,
-    except ConfigError from the constructor when cache_dir cannot be created.
+    except ConfigError from the constructor when cache_dir cannot be created or
+    written.
     """
 
     def __init__(self, inner: ObjectStore, cache_dir: Path, max_bytes: int) -> None:
@@ -76,6 +77,13 @@ class CachingStore:
             raise ConfigError(
                 f"cannot create cache directory {self.cache_dir}: {exc.strerror}"
             ) from exc
+        if not os.access(self.cache_dir, os.W_OK | os.X_OK):
+            # Taken before: every fill failed, with one warning in the daemon's log per
+            # ten minutes and "disk cache 0 B" in status (a directory left by root, say).
+            raise ConfigError(
+                f"cache directory {self.cache_dir} is not writable by you: make it yours"
+                " (chown) or choose another with --cache-dir"
+            )
         self._rebuild()
 
     def cache_bytes(self) -> int:

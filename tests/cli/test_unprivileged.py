@@ -146,3 +146,14 @@ def test_allow_other_without_user_allow_other_is_refused_in_one_line(
     err = refused(mount_as_nobody(env, "--allow-other"))
     assert "'user_allow_other' in /etc/fuse.conf" in err, err
     assert not env.is_mounted()
+
+
+def test_a_cache_directory_the_user_may_not_write_is_refused(shared_env: VolumeEnv) -> None:
+    """Regression: an existing cache directory of another user was taken, and every
+    fill failed with a warning in the daemon's log (status showed "disk cache 0 B")."""
+    env = shared_env
+    give_to_nobody(env)
+    env.cache.mkdir(mode=0o755)  # root's, as one left by an earlier `sudo sealfs mount`
+    err = refused(mount_as_nobody(env, "--cache-dir", str(env.cache)))
+    assert f"cache directory {env.cache} is not writable by you" in err, err
+    assert not env.is_mounted()
