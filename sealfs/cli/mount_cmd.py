@@ -324,6 +324,13 @@ def run_umount(args: argparse.Namespace) -> int:
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
               " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
         return FAILURE
+    owner = sealfs_mount_owner(mnt)
+    if os.getuid() != 0 and owner is not None and owner != os.getuid():
+        # An --allow-other mount answers everyone, but fusermount3 unmounts only for the
+        # user who mounted it: it committed, then said "entry ... not found in /etc/mtab".
+        raise ConfigError(
+            f"{mnt} is a sealfs mount of {_user_name(owner)}: only that user or root can unmount it"
+        )
     pid = int(str(status["pid"]))
     if status.get("fenced") or status.get("stopped"):  # no commit can succeed: don't try
         if (code := _fusermount(mnt, lazy=False)) != 0:

@@ -157,3 +157,17 @@ def test_a_cache_directory_the_user_may_not_write_is_refused(shared_env: VolumeE
     err = refused(mount_as_nobody(env, "--cache-dir", str(env.cache)))
     assert f"cache directory {env.cache} is not writable by you" in err, err
     assert not env.is_mounted()
+
+
+def test_another_user_s_allow_other_mount_is_not_unmounted(shared_env: VolumeEnv) -> None:
+    """Regression: umount committed, then fusermount3 (which unmounts only for the
+    user who mounted) failed: "entry for MNT not found in /etc/mtab"."""
+    env = shared_env
+    env.mount("--allow-other")
+    try:
+        err = refused(as_nobody("umount", str(env.mnt)))
+        assert "is a sealfs mount of user root (uid 0): only that user or root can" in err, err
+        assert env.is_mounted()
+        assert as_nobody("status", str(env.mnt)).returncode == 0  # it answers everyone
+    finally:
+        assert sealfs("umount", str(env.mnt)).returncode == 0
