@@ -229,8 +229,16 @@ def _log_path(given: str | None, mountpoint: str) -> str:
     mountpoint made the daemon wait on its own mount forever."""
     if given is None:
         state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-        # 0700, as the XDG base directory spec asks of a directory it creates.
-        (state / "sealfs").mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            # 0700, as the XDG base directory spec asks of a directory it creates.
+            (state / "sealfs").mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            # A service account's home is often missing or not its own (/nonexistent):
+            # this said only "Permission denied: /nonexistent" (exit 1).
+            raise ConfigError(
+                f"cannot create the log directory {state / 'sealfs'}: {exc.strerror}; pass"
+                " --log-file FILE (or set XDG_STATE_HOME), or mount with --foreground"
+            ) from None
         given = str(state / "sealfs" / "sealfs.log")
     path = os.path.abspath(given)
     if inside(path, mountpoint):

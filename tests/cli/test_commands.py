@@ -233,6 +233,22 @@ def test_the_daemon_log_is_the_owner_s_only(volume_env: VolumeEnv) -> None:
     assert "serving" in (state / "sealfs" / "sealfs.log").read_text()
 
 
+def test_a_default_log_directory_that_cannot_be_made_is_one_line(volume_env: VolumeEnv) -> None:
+    """Regression: a service account whose home is missing or not its own said only
+    "sealfs: Permission denied: /nonexistent" (exit 1), naming neither cause nor fix."""
+    env = volume_env
+    (env.root / "file").write_text("")
+    state = env.root / "file" / "state"  # cannot be created, even by root
+    result = sealfs(
+        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
+        env={**os.environ, "XDG_STATE_HOME": str(state)},
+    )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert f"cannot create the log directory {state / 'sealfs'}" in err, err
+    assert "--log-file" in err, err
+    assert not env.is_mounted()
+
+
 DEAD_FUSE = """
 import sys, pyfuse3, trio
 options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
