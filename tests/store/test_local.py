@@ -501,3 +501,22 @@ def test_a_replaced_or_exclusive_object_is_flushed_before_its_name_changes(
     assert len(files) == 2
     assert all(os.path.basename(f).startswith(local.TEMP_PREFIX) for f in files)
     assert store.get("sealfs.vol") == b"v2" and store.get("l/00000002") == b"segment"
+
+
+def test_the_store_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
+    """Under umask 0 they were 0777: any local user could replace or delete objects."""
+    old = os.umask(0)
+    try:
+        store = LocalStore(tmp_path / "parent" / "store")
+        store.put("c/ab/x", b"x")
+    finally:
+        os.umask(old)
+
+    def mode(path: Path) -> int:
+        return path.stat().st_mode & 0o777
+
+    assert mode(tmp_path / "parent") == 0o777  # above the store: made as mkdir -p makes it
+    assert [mode(tmp_path / "parent" / p) for p in ("store", "store/c", "store/c/ab")] == [
+        0o700
+    ] * 3
+    assert mode(tmp_path / "parent/store/c/ab/x") == 0o600
