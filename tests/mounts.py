@@ -125,11 +125,14 @@ class VolumeEnv:
             "--recovery-key-file", str(self.recovery_file), *CHEAP_KDF, *extra, check=True,
         )  # fmt: skip
 
+    def mount_args(self, mountpoint: Path | None = None, *, log: bool = True) -> list[str]:
+        """The arguments of `sealfs mount` for this volume (at mnt unless told otherwise)."""
+        args = ["mount", str(self.store), str(mountpoint or self.mnt)]
+        args += ["--passphrase-file", str(self.passfile)]
+        return [*args, "--log-file", str(self.log)] if log else args
+
     def mount(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = sealfs(
-            "mount", str(self.store), str(self.mnt), "--passphrase-file", str(self.passfile),
-            "--log-file", str(self.log), *extra,
-        )  # fmt: skip
+        result = sealfs(*self.mount_args(), *extra)
         if check:
             assert result.returncode == 0, result.stderr + self.log_text()
         if result.returncode == 0:

@@ -187,10 +187,7 @@ def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -
     kill_daemons(env)
     link = env.root / "link"
     link.symlink_to(env.mnt)
-    again = sealfs(
-        "mount", str(env.store), str(link), "--passphrase-file", str(env.passfile),
-        "--log-file", str(env.log),
-    )  # fmt: skip
+    again = sealfs(*env.mount_args(link))
     assert again.returncode == 0, again.stderr + env.log_text()
     assert "removed the dead sealfs mount" in env.log_text() + again.stderr
     assert (env.mnt / "kept").read_text() == "committed"
@@ -204,10 +201,7 @@ def test_a_mount_named_through_a_symlinked_directory(volume_env: VolumeEnv) -> N
     env = volume_env
     (env.root / "via").symlink_to(env.root)
     mnt = env.root / "via" / "mnt"
-    mounted = sealfs(
-        "mount", str(env.store), str(mnt), "--passphrase-file", str(env.passfile),
-        "--log-file", str(env.log),
-    )  # fmt: skip
+    mounted = sealfs(*env.mount_args(mnt))
     assert mounted.returncode == 0, mounted.stderr
     (mnt / "f").write_text("through the link")
     assert sealfs("sync", str(mnt)).returncode == 0
@@ -223,9 +217,10 @@ def test_the_daemon_log_is_the_owner_s_only(volume_env: VolumeEnv) -> None:
     env = volume_env
     state = env.root / "state"
     result = sealfs(
-        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
-        env={**os.environ, "XDG_STATE_HOME": str(state)}, preexec_fn=lambda: os.umask(0),
-    )  # fmt: skip
+        *env.mount_args(log=False),
+        env={**os.environ, "XDG_STATE_HOME": str(state)},
+        preexec_fn=lambda: os.umask(0),
+    )
     assert result.returncode == 0, result.stderr
     env.umount()
     assert (state / "sealfs").stat().st_mode & 0o777 == 0o700
@@ -239,10 +234,7 @@ def test_a_default_log_directory_that_cannot_be_made_is_one_line(volume_env: Vol
     env = volume_env
     (env.root / "file").write_text("")
     state = env.root / "file" / "state"  # cannot be created, even by root
-    result = sealfs(
-        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
-        env={**os.environ, "XDG_STATE_HOME": str(state)},
-    )  # fmt: skip
+    result = sealfs(*env.mount_args(log=False), env={**os.environ, "XDG_STATE_HOME": str(state)})
     err = one_line(result, USAGE)
     assert f"cannot create the log directory {state / 'sealfs'}" in err, err
     assert "--log-file" in err, err

@@ -103,10 +103,7 @@ def test_a_user_mounts_through_a_symlinked_mountpoint(shared_env: VolumeEnv) -> 
     give_to_nobody(env)
     link = env.root / "link"
     link.symlink_to(env.mnt)
-    mounted = as_nobody(
-        "mount", str(env.store), str(link), "--passphrase-file", str(env.passfile),
-        "--log-file", str(env.log),
-    )  # fmt: skip
+    mounted = as_nobody(*env.mount_args(link))
     assert mounted.returncode == 0, mounted.stderr
     assert env.is_mounted()
     unmounted = as_nobody("umount", str(link))
@@ -133,10 +130,7 @@ def test_another_user_s_mount_is_named_as_such(shared_env: VolumeEnv) -> None:
 
 
 def mount_as_nobody(env: VolumeEnv, *extra: str) -> subprocess.CompletedProcess[str]:
-    return as_nobody(
-        "mount", str(env.store), str(env.mnt), "--passphrase-file", str(env.passfile),
-        "--log-file", str(env.log), *extra,
-    )  # fmt: skip
+    return as_nobody(*env.mount_args(), *extra)
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:

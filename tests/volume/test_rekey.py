@@ -67,6 +67,16 @@ async def check_files(volume: Volume, files: dict[str, bytes]) -> None:
         assert await read_all(volume, await ino_of(volume, name)) == content
 
 
+async def rekey_to_the_end(store: ObjectStore, files: dict[str, bytes]) -> None:
+    """Mount, let the rekey the header asks for finish, and check the files on the way."""
+    async with mounted(store) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.finished, volume.rekey.progress.error
+        await check_files(volume, files)
+
+
 def check_rekeyed(store: ObjectStore, epoch: int) -> None:
     """Every object is sealed under epoch, and the header keeps no retired key."""
     epochs = object_epochs(store)
@@ -178,13 +188,7 @@ async def test_a_stale_cached_chunk_does_not_stop_a_later_rekey(
         with trio.fail_after(60):
             await volume.rekey.done.wait()  # type: ignore[union-attr]
     start_rekey(volume_store)  # 1 -> 2, resumed by a mount that uses the old cache
-    cached = CachingStore(volume_store, tmp_path / "cache", 1 << 30)
-    async with mounted(cached) as volume:
-        assert volume.rekey is not None
-        with trio.fail_after(60):
-            await volume.rekey.ended.wait()
-        assert volume.rekey.progress.finished, volume.rekey.progress.error
-        await check_files(volume, files)
+    await rekey_to_the_end(CachingStore(volume_store, tmp_path / "cache", 1 << 30), files)
     check_rekeyed(volume_store, 2)
 
 
@@ -221,12 +225,7 @@ async def test_a_damaged_chunk_no_file_uses_does_not_stop_the_rekey(
     leftover = "c/ff/" + "ff" * 32
     volume_store.put(leftover, volume_store.get(volume_store.list("c/")[0])[:4096])
     start_rekey(volume_store)
-    async with mounted(volume_store) as volume:
-        assert volume.rekey is not None
-        with trio.fail_after(60):
-            await volume.rekey.ended.wait()
-        assert volume.rekey.progress.finished, volume.rekey.progress.error
-        await check_files(volume, files)
+    await rekey_to_the_end(volume_store, files)
     epochs = object_epochs(volume_store)
     assert epochs.pop(leftover) == 0  # left as it was
     assert set(epochs.values()) == {1}
