@@ -64,6 +64,11 @@ XATTR_REPLACE = 2
 # access ACL that only restates the mode is applied as a chmod, as ext4 does.
 POSIX_ACL_ACCESS = b"system.posix_acl_access"
 POSIX_ACL_XATTRS = (POSIX_ACL_ACCESS, b"system.posix_acl_default")
+# The namespaces Linux file systems store; any other name (system.*, which the kernel
+# leaves wholly to a FUSE daemon, or no known namespace) gets EOPNOTSUPP, as on ext4.
+# Stored, a system.* name could be set and removed by any user who could see the file,
+# owner or not: the kernel checks no permission for that namespace.
+XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
 # The kernel's ACL xattr encoding: a version, then (tag, permissions, id) per entry, in
 # tag order. Owner, group and other entries alone are exactly the mode's 0o777 bits.
 _ACL_HEADER = struct.Struct("<I")
@@ -703,7 +708,7 @@ class Volume:
         _check_xattr_name(name)
         value = self.inode(ino).xattrs.get(name)
         if value is None:
-            raise FsError(errno.ENODATA)
+            raise FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
         return value
 
     async def listxattr(self, ino: int) -> list[bytes]:
@@ -718,7 +723,7 @@ class Volume:
         if name == POSIX_ACL_ACCESS:
             self._chmod_by_acl(inode, value)
             return
-        if name in POSIX_ACL_XATTRS:
+        if name in POSIX_ACL_XATTRS or not _supported_xattr(name):
             raise FsError(errno.EOPNOTSUPP)
         if flags & XATTR_CREATE and name in inode.xattrs:
             raise FsError(errno.EEXIST)
@@ -751,8 +756,8 @@ class Volume:
         _check_xattr_name(name)
         if name in POSIX_ACL_XATTRS:
             return  # there is never one to remove, and ext4 succeeds then too
-        if name not in inode.xattrs:
-            raise FsError(errno.ENODATA)
+        if name not in inode.xattrs:  # one an older build stored can still be removed
+            raise FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
         self._record(ops.del_xattr(ino, name))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -794,6 +799,11 @@ def _check_name(name: bytes) -> None:
         raise FsError(errno.ENAMETOOLONG)
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
         raise FsError(errno.EINVAL)
+
+
+def _supported_xattr(name: bytes) -> bool:
+    """Whether ext4 would take the name (an ACL is taken, though never stored)."""
+    return name.startswith(XATTR_NAMESPACES) or name in POSIX_ACL_XATTRS
 
 
 def _check_xattr_name(name: bytes) -> None:

@@ -1013,6 +1013,8 @@ attempt("rename root's in tmp",
 attempt("chmod public", lambda: os.chmod("public", 0o777, dir_fd=fd))
 attempt("utime public", lambda: os.utime("public", ns=(1, 1), dir_fd=fd))
 attempt("truncate public", lambda: os.truncate(f"/proc/self/fd/{fd}/public", 0))
+attempt("set a system xattr on public",
+        lambda: os.setxattr(f"/proc/self/fd/{fd}/public", "system.x", b"v"))
 attempt("enter private dir", lambda: os.stat("private/inside", dir_fd=fd))
 print(json.dumps(results))
 """
@@ -1057,10 +1059,12 @@ def test_permissions_are_enforced_for_other_users(volume_env: VolumeEnv) -> None
             "chmod public": errno.EPERM,
             "utime public": errno.EPERM,
             "truncate public": errno.EACCES,
+            "set a system xattr on public": errno.EOPNOTSUPP,  # as ext4: no such namespace
             "enter private dir": errno.EACCES,
         }
         assert (mnt / "public").read_bytes() == b"public"
         assert os.stat(mnt / "public").st_mode == stat.S_IFREG | 0o644
+        assert os.listxattr(mnt / "public") == []
     finally:
         volume_env.umount()
 
@@ -1167,6 +1171,25 @@ def test_xattrs_set_get_list_remove(mounted_env: VolumeEnv) -> None:
     os.removexattr(f, "user.big")
     remount(mounted_env)
     assert "user.big" not in os.listxattr(f)
+
+
+def test_xattrs_outside_the_linux_namespaces_are_refused(mounted_env: VolumeEnv) -> None:
+    """Regression: any name was stored. The kernel leaves system.* names wholly to a FUSE
+    daemon and checks no permission for them, so on an --allow-other mount any user who
+    could see a file could set and remove them on it. ext4 refuses them: EOPNOTSUPP."""
+    f = mounted_env.mnt / "f"
+    f.write_bytes(b"")
+    for name in ("system.x", "system.nfs4_acl", "other.x", "no-namespace"):
+        assert_errno(errno.EOPNOTSUPP, os.setxattr, f, name, b"v")
+        assert_errno(errno.EOPNOTSUPP, os.getxattr, f, name)
+        assert_errno(errno.EOPNOTSUPP, os.removexattr, f, name)
+    # trusted.* and security.* need CAP_SYS_ADMIN, which the kernel checks.
+    names = ["user.x", *(["trusted.x", "security.x"] if os.geteuid() == 0 else [])]
+    for name in names:
+        os.setxattr(f, name, b"v")
+    remount(mounted_env)
+    assert sorted(os.listxattr(f)) == sorted(names)
+    assert all(os.getxattr(f, name) == b"v" for name in names)
 
 
 def test_xattr_change_updates_ctime(mounted_env: VolumeEnv) -> None:
