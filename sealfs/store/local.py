@@ -54,6 +54,7 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # Errors a local disk (or an NFS mount under it) may clear on its own.
 _TRANSIENT = frozenset({errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EINTR})
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+_DENIED = frozenset({errno.EACCES, errno.EPERM})
 # Above this many files and directories to flush, sync() calls syncfs(2) instead.
 # Every fsync waits for a disk cache flush (and a journal commit), so flushing by
 # path costs more the more paths there are; syncfs costs one commit, plus writing
@@ -211,6 +212,11 @@ class LocalStore:
             return NoSpaceError(f"store disk full at {self.root}: free space and retry")
         reason = exc.strerror or type(exc).__name__
         message = f"local store at {self.root}: {what} failed: {reason}"
+        if exc.errno in _DENIED:  # most often a mount or init run as the wrong user
+            message += (
+                ": run sealfs as a user who may read and write the store (one who may only"
+                " read it can mount it --read-only)"
+            )
         if exc.errno in _TRANSIENT:
             return TransientStoreError(message)
         return StoreError(message)

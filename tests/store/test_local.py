@@ -6,6 +6,8 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from sealfs.errors import (
 )
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
+from tests.prereq import require
 from tests.store.conftest import CrashableDisk, mounted_tmpfs
 
 
@@ -520,3 +523,21 @@ def test_the_store_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
         0o700
     ] * 3
     assert mode(tmp_path / "parent/store/c/ab/x") == 0o600
+
+
+def test_a_store_this_user_may_not_write_names_the_fix(tmp_path: Path) -> None:
+    """A mount or init run as the wrong user said only "write l/... failed: Permission
+    denied". An immutable directory refuses even root (the suite runs as root)."""
+    require(shutil.which("chattr") is not None, "chattr (e2fsprogs) is needed")
+    store = LocalStore(tmp_path / "store")
+    store.put("c/ab/x", b"x")
+    subprocess.run(["chattr", "+i", str(tmp_path / "store" / "c" / "ab")], check=True)
+    try:
+        with pytest.raises(StoreError) as info:
+            store.put("c/ab/y", b"y")
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path / "store" / "c" / "ab")], check=True)
+    message = str(info.value)
+    assert "write c/ab/y failed: Operation not permitted" in message, message
+    assert "run sealfs as a user who may read and write the store" in message
+    assert "--read-only" in message and "\n" not in message
