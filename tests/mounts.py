@@ -13,10 +13,12 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,36 @@ def write_secret(path: Path, text: str | bytes) -> Path:
         f.write(text.encode() if isinstance(text, str) else text)
     path.chmod(0o600)  # a file that existed keeps its mode through O_CREAT
     return path
+
+
+@contextlib.contextmanager
+def modes_added(paths: set[str], bits: int) -> Iterator[None]:
+    """Add mode bits to paths for a while, then give each its own mode back."""
+    changed = {}
+    try:
+        for path in sorted(paths):
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            if mode & bits != bits:
+                changed[path] = mode
+                os.chmod(path, mode | bits)
+        yield
+    finally:
+        for path, mode in changed.items():
+            os.chmod(path, mode)
+
+
+def python_for_others(*paths: str | Path) -> contextlib.AbstractContextManager[None]:
+    """For a while, let other users run this interpreter with sealfs, and reach paths:
+    search permission (o+x, not read) on every directory leading to them (a virtualenv
+    under root's 0700 home, a test's tmp_path)."""
+    code = [sys.executable, *(p for p in sys.path if os.path.isdir(p)), *map(str, paths)]
+    reachable = {"/"}
+    for path in code:
+        parent = os.path.dirname(os.path.realpath(os.path.join(path, "x")))
+        while parent != os.path.dirname(parent):
+            reachable.add(parent)
+            parent = os.path.dirname(parent)
+    return modes_added(reachable, 0o001)
 
 
 def sealfs(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sealfs.keys.header import decode_header
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, sealfs
+from tests.mounts import VolumeEnv, python_for_others, sealfs
 
 CONFIG_ERROR = 2
 
@@ -217,17 +217,30 @@ def test_keyslot_changes_racing_a_mounted_rekey_never_lose_the_header(
     assert set(epochs(env.store).values()) == {1}
 
 
-def test_only_the_owner_may_hand_the_daemon_a_key(mounted_env: VolumeEnv) -> None:
-    """The root's rekey attribute is refused to other users (the value is never stored)."""
-    env = mounted_env
-    result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-         f"import os; os.setxattr({str(env.mnt)!r}, 'user.sealfs.rekey', bytes(32))"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert result.returncode != 0
-    assert "Permission denied" in result.stderr or "Operation not permitted" in result.stderr
-    assert env.status()["key_epoch"] == 0
+def test_only_the_owner_may_hand_the_daemon_a_key(volume_env: VolumeEnv) -> None:
+    """The root's rekey attribute is refused to other users (the value is never stored).
+
+    The other user must reach the daemon: the mount answers everyone (--allow-other),
+    its root is writable by all (else the kernel refuses first, EACCES), and the user
+    can run this interpreter. Before, none of that held, and the test passed on the
+    interpreter's own "Permission denied"."""
+    env = volume_env
+    env.mount("--allow-other")
+    try:
+        env.mnt.chmod(0o777)
+        script = f"import os; os.setxattr({str(env.mnt)!r}, 'user.sealfs.rekey', bytes(32))"
+        with python_for_others(env.mnt.parent):
+            result = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 sys.executable, "-c", script],
+                capture_output=True, text=True, timeout=30, check=False,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, cwd="/",
+            )  # fmt: skip
+        assert result.returncode != 0
+        assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr, result.stderr
+        assert env.status()["key_epoch"] == 0
+    finally:
+        env.umount()
 
 
 def test_offline_rekey_stops_on_a_damaged_object(volume_env: VolumeEnv) -> None:

@@ -12,10 +12,8 @@ put back afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv, sealfs
+from tests.mounts import VolumeEnv, modes_added, python_for_others, sealfs
 from tests.prereq import require
 
 pytestmark = pytest.mark.fuse
@@ -45,41 +43,15 @@ def as_nobody(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def modes_added(paths: set[str], bits: int) -> Iterator[None]:
-    """Add mode bits to paths for a while, then give each its own mode back."""
-    changed = {}
-    try:
-        for path in sorted(paths):
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-            if mode & bits != bits:
-                changed[path] = mode
-                os.chmod(path, mode | bits)
-        yield
-    finally:
-        for path, mode in changed.items():
-            os.chmod(path, mode)
-
-
-def _ancestors(path: str) -> set[str]:
-    out, path = set(), os.path.dirname(os.path.realpath(path))
-    while path != os.path.dirname(path):
-        out.add(path)
-        path = os.path.dirname(path)
-    return out
-
-
 @pytest.fixture
 def shared_env() -> Iterator[VolumeEnv]:
     """A volume in a directory an unprivileged user can reach (a test's tmp_path lies
     under root's 0700 directory); removed with whatever is mounted in it."""
     require(os.geteuid() == 0, "running commands as another user needs root")
     require(shutil.which("setpriv") is not None, "setpriv (util-linux) is needed")
-    code = [sys.executable, *(p for p in sys.path if os.path.isdir(p)), "/"]
-    reachable = set().union(*(_ancestors(os.path.join(p, "x")) for p in code))
     root = Path(tempfile.mkdtemp(prefix="sealfs-unprivileged-"))
     try:
-        with modes_added(reachable, 0o001), modes_added({"/dev/fuse"}, 0o006):
+        with python_for_others(), modes_added({"/dev/fuse"}, 0o006):
             root.chmod(0o755)
             env = VolumeEnv(root)
             probe = as_nobody("--version")
