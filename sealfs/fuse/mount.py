@@ -314,10 +314,11 @@ def _check_user_may_mount(mountpoint: str, *, allow_other: bool) -> None:
 
 
 def _user_allow_other() -> bool:
-    """Whether fuse.conf lets users mount with allow_other (a line of its own)."""
+    """Whether fuse.conf lets users mount with allow_other, read as fusermount3 reads it:
+    what follows a '#' is a comment, and blanks around a line's text do not count."""
     try:
         with open(FUSE_CONF, encoding="utf-8", errors="replace") as f:
-            return any(line.strip() == "user_allow_other" for line in f)
+            return any(line.partition("#")[0].strip() == "user_allow_other" for line in f)
     except OSError:
         return False
 

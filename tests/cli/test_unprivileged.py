@@ -13,6 +13,7 @@ put back afterwards.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,12 +31,24 @@ pytestmark = pytest.mark.fuse
 NOBODY = 65534
 
 
-def as_nobody(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as uid and gid 65534, with no supplementary groups."""
-    command = [
+def nobody_command(*args: str) -> list[str]:
+    """The command line that runs the CLI as uid and gid 65534, with no supplementary
+    groups."""
+    return [
         "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
         sys.executable, "-m", "sealfs.cli.main", *args,
     ]  # fmt: skip
+
+
+def as_nobody(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as uid and gid 65534, with no supplementary groups."""
+    return run_with_cli_env(nobody_command(*args), timeout=timeout)
+
+
+def run_with_cli_env(
+    command: list[str], *, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run command (one that switches to uid 65534) where the CLI finds its code."""
     env = {**os.environ, "HOME": "/nonexistent", "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, check=False,
@@ -130,7 +143,7 @@ def test_allow_other_without_user_allow_other_is_refused_in_one_line(
     shared_env: VolumeEnv,
 ) -> None:
     with open("/etc/fuse.conf", encoding="utf-8") as f:
-        allowed = any(line.strip() == "user_allow_other" for line in f)
+        allowed = any(line.partition("#")[0].strip() == "user_allow_other" for line in f)
     env = shared_env
     give_to_nobody(env)
     result = mount_as_nobody(env, "--allow-other")
@@ -166,3 +179,26 @@ def test_another_user_s_allow_other_mount_is_not_unmounted(shared_env: VolumeEnv
         assert as_nobody("status", str(env.mnt)).returncode == 0  # it answers everyone
     finally:
         assert sealfs("umount", str(env.mnt)).returncode == 0
+
+
+def test_user_allow_other_is_read_as_fusermount3_reads_it(shared_env: VolumeEnv) -> None:
+    """Regression: a fuse.conf line "user_allow_other  # comment", which fusermount3
+    takes, was not seen, and a user's --allow-other mount was refused. Run in a mount
+    namespace of its own, where such a file is bind-mounted on /etc/fuse.conf."""
+    require(shutil.which("unshare") is not None, "unshare (util-linux) is needed")
+    env = shared_env
+    give_to_nobody(env)
+    conf = env.root / "fuse.conf"
+    conf.write_text("# users may share their mounts\n  user_allow_other   # see fuse(8)\n")
+    script = " && ".join(
+        [
+            f"mount --bind {shlex.quote(str(conf))} /etc/fuse.conf",
+            shlex.join(nobody_command(*env.mount_args(), "--allow-other")),
+            f"grep -q ' {env.mnt} fuse.sealfs .*allow_other' /proc/self/mounts",
+            shlex.join(nobody_command("umount", str(env.mnt))),
+        ]
+    )
+    result = run_with_cli_env(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    )
+    assert result.returncode == 0, result.stderr
