@@ -295,6 +295,8 @@ def _check_user_may_mount(mountpoint: str, *, allow_other: bool) -> None:
             " administrator to make /dev/fuse readable and writable by users (udev's"
             " rule gives it mode 0666)"
         )
+    if _may_mount_directly():
+        return  # libfuse calls mount(2) itself: fusermount3's rules do not apply
     st = os.stat(mountpoint)
     if st.st_mode & stat.S_ISVTX and st.st_uid != os.getuid():
         raise ConfigError(
@@ -321,6 +323,24 @@ def _user_allow_other() -> bool:
             return any(line.partition("#")[0].strip() == "user_allow_other" for line in f)
     except OSError:
         return False
+
+
+CAP_SYS_ADMIN = 21  # linux/capability.h
+
+
+def _may_mount_directly() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (a service given it by its unit, say).
+    libfuse tries mount(2) first and falls back to fusermount3 only when refused, so
+    such a process mounts as root does: on a directory it may not write, and with
+    allow_other whatever fuse.conf says."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> None:

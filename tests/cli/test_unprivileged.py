@@ -31,11 +31,12 @@ pytestmark = pytest.mark.fuse
 NOBODY = 65534
 
 
-def nobody_command(*args: str) -> list[str]:
+def nobody_command(*args: str, caps: str = "") -> list[str]:
     """The command line that runs the CLI as uid and gid 65534, with no supplementary
-    groups."""
+    groups (and with the capabilities caps names, "+sys_admin" say)."""
+    keep = [f"--inh-caps={caps}", f"--ambient-caps={caps}"] if caps else []
     return [
-        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *keep, "--",
         sys.executable, "-m", "sealfs.cli.main", *args,
     ]  # fmt: skip
 
@@ -196,6 +197,30 @@ def test_user_allow_other_is_read_as_fusermount3_reads_it(shared_env: VolumeEnv)
             shlex.join(nobody_command(*env.mount_args(), "--allow-other")),
             f"grep -q ' {env.mnt} fuse.sealfs .*allow_other' /proc/self/mounts",
             shlex.join(nobody_command("umount", str(env.mnt))),
+        ]
+    )
+    result = run_with_cli_env(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_user_with_cap_sys_admin_mounts_as_root_does(shared_env: VolumeEnv) -> None:
+    """Regression: the checks of what fusermount3 refuses a user ran for a service
+    account given CAP_SYS_ADMIN (AmbientCapabilities= in its unit), which libfuse mounts
+    with mount(2), never asking fusermount3: its mount on a directory of root's, with
+    --allow-other and no user_allow_other, was refused ("not writable by you")."""
+    env = shared_env
+    give_to_nobody(env)
+    os.chown(env.mnt, 0, 0)  # root's, mode 0755
+    conf = env.root / "fuse.conf"
+    conf.write_text("")  # no user_allow_other
+    script = " && ".join(
+        [
+            f"mount --bind {shlex.quote(str(conf))} /etc/fuse.conf",
+            shlex.join(nobody_command(*env.mount_args(), "--allow-other", caps="+sys_admin")),
+            f"grep -q ' {env.mnt} fuse.sealfs .*user_id={NOBODY},.*allow_other' /proc/self/mounts",
+            shlex.join(nobody_command("umount", str(env.mnt), caps="+sys_admin")),
         ]
     )
     result = run_with_cli_env(
