@@ -44,6 +44,9 @@ def write_secret(path: Path, text: str | bytes) -> Path:
 def modes_added(paths: set[str], bits: int) -> Iterator[None]:
     """Add mode bits to paths for a while, then give each its own mode back."""
     changed = {}
+    # `timeout` ends a run with SIGTERM, which Python obeys at once without running any
+    # finally: a run killed so left /dev/fuse 0606 and root's home o+x for good.
+    terminated = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for path in sorted(paths):
             mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -54,6 +57,11 @@ def modes_added(paths: set[str], bits: int) -> Iterator[None]:
     finally:
         for path, mode in changed.items():
             os.chmod(path, mode)
+        signal.signal(signal.SIGTERM, terminated)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # as Ctrl-C: pytest tears fixtures down
 
 
 def python_for_others(*paths: str | Path) -> contextlib.AbstractContextManager[None]:

@@ -227,3 +227,32 @@ def test_a_user_with_cap_sys_admin_mounts_as_root_does(shared_env: VolumeEnv) ->
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     )
     assert result.returncode == 0, result.stderr
+
+
+MODES_ADDED_THEN_WAIT = """
+import sys, time
+from tests.mounts import modes_added
+with modes_added({sys.argv[1]}, 0o001):
+    print("changed", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_modes_are_given_back_when_the_run_is_terminated(tmp_path: Path) -> None:
+    """Regression: a run ended by SIGTERM (`timeout`) left the modes the fixture added."""
+    path = tmp_path / "dir"
+    path.mkdir(mode=0o700)
+    child = subprocess.Popen(
+        [sys.executable, "-c", MODES_ADDED_THEN_WAIT, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "changed\n"
+        assert path.stat().st_mode & 0o777 == 0o701
+        child.terminate()
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    assert path.stat().st_mode & 0o777 == 0o700
