@@ -10,6 +10,7 @@ test (ENOTCONN) instead of hanging CI.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -40,6 +41,10 @@ def write_secret(path: Path, text: str | bytes) -> Path:
     return path
 
 
+_MODES_LOCK = "/tmp/sealfs-tests-modes.lock"
+_modes_held: list[int] = []  # this process's open descriptors of it, outermost first
+
+
 @contextlib.contextmanager
 def modes_added(paths: set[str], bits: int) -> Iterator[None]:
     """Add mode bits to paths for a while, then give each its own mode back."""
@@ -47,7 +52,13 @@ def modes_added(paths: set[str], bits: int) -> Iterator[None]:
     # `timeout` ends a run with SIGTERM, which Python obeys at once without running any
     # finally: a run killed so left /dev/fuse 0606 and root's home o+x for good.
     terminated = signal.signal(signal.SIGTERM, _interrupt)
+    # One holder at a time across test runs: a second run would find the bits set, note
+    # nothing to give back, and lose them when the first run gave its modes back.
+    lock = os.open(_MODES_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
+        if not _modes_held:  # nested in this process: already held (flock would wait)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        _modes_held.append(lock)
         for path in sorted(paths):
             mode = stat.S_IMODE(os.stat(path).st_mode)
             if mode & bits != bits:
@@ -57,6 +68,9 @@ def modes_added(paths: set[str], bits: int) -> Iterator[None]:
     finally:
         for path, mode in changed.items():
             os.chmod(path, mode)
+        if lock in _modes_held:
+            _modes_held.remove(lock)
+        os.close(lock)  # the outermost holder's close releases the lock
         signal.signal(signal.SIGTERM, terminated)
 
 

@@ -246,8 +246,8 @@ class Rekeyer:
             if not self._never_recorded(name):
                 raise
             # A chunk no commit ever named: what a crash (a power cut before the chunks'
-            # sync) leaves cut short. No file reads it, and writing its bytes again
-            # replaces it; it must not keep every later rekey from finishing.
+            # sync) leaves cut short. No file reads it, so it must not keep every later
+            # rekey from finishing; it stays until unused chunks are collected.
             log.warning("rekey: %s left as it is, not re-sealed (no file uses it): %s", name, exc)
             return 0
 
