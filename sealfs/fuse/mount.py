@@ -20,6 +20,7 @@ import signal
 import stat
 import subprocess
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
 
 import pyfuse3
 import trio
@@ -141,15 +142,30 @@ async def _watch_signals(signals: AsyncIterator[int], on_hangup: Callable[[], No
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
-def mount_table() -> list[tuple[str, str, str]]:
-    """(source, mountpoint, file system type) of every mount this process sees, in order.
+class MountEntry(NamedTuple):
+    source: str
+    mountpoint: str
+    kind: str  # the file system type
+    options: tuple[str, ...]
+
+
+def mount_table() -> list[MountEntry]:
+    """Every mount this process sees, in order.
 
     From /proc/self/mounts, which writes space, tab, newline and backslash in
     paths as octal escapes (\\040 ...).
     """
     with open("/proc/self/mounts", "rb") as f:
         rows = [line.split() for line in f]
-    return [(_unescape(row[0]), _unescape(row[1]), row[2].decode()) for row in rows if len(row) > 2]
+    return [
+        MountEntry(_unescape(row[0]), _unescape(row[1]), row[2].decode(), _options(row[3]))
+        for row in rows
+        if len(row) > 3
+    ]
+
+
+def _options(field: bytes) -> tuple[str, ...]:
+    return tuple(os.fsdecode(option) for option in field.split(b","))
 
 
 def _unescape(field: bytes) -> str:
@@ -158,7 +174,7 @@ def _unescape(field: bytes) -> str:
 
 def mounts() -> list[tuple[str, str]]:
     """(mountpoint, file system type) of every mount this process sees."""
-    return [(mountpoint, kind) for _, mountpoint, kind in mount_table()]
+    return [(entry.mountpoint, entry.kind) for entry in mount_table()]
 
 
 def is_mounted(path: str) -> bool:
@@ -205,7 +221,7 @@ def _answers(mountpoint: str) -> bool:
 def _is_sealfs_mount(mountpoint: str) -> bool:
     """Whether the topmost mount on mountpoint is one that sealfs made (see prepare())."""
     target = os.path.realpath(mountpoint)
-    on_it = [(source, kind) for source, path, kind in mount_table() if path == target]
+    on_it = [(e.source, e.kind) for e in mount_table() if e.mountpoint == target]
     if not on_it:
         return False
     source, kind = on_it[-1]  # the table lists a mount after the ones it covers
@@ -216,16 +232,13 @@ def sealfs_mount_owner(mountpoint: str) -> int | None:
     """The uid that made the topmost sealfs mount on mountpoint (its user_id= option),
     or None if there is none there."""
     target = os.path.realpath(mountpoint)
-    owner = None
-    with open("/proc/self/mounts", "rb") as f:
-        for row in (line.split() for line in f):
-            if len(row) > 3 and _unescape(row[1]) == target:
-                owner = None
-                if row[2] == b"fuse.sealfs":
-                    for option in row[3].split(b","):
-                        if option.startswith(b"user_id=") and option[8:].isdigit():
-                            owner = int(option[8:])
-    return owner
+    on_it = [entry for entry in mount_table() if entry.mountpoint == target]
+    if not on_it or on_it[-1].kind != "fuse.sealfs":
+        return None
+    for option in on_it[-1].options:
+        if option.startswith("user_id=") and option[8:].isdigit():
+            return int(option[8:])
+    return None
 
 
 def fusermount(mountpoint: str, *, lazy: bool) -> subprocess.CompletedProcess[str]:
