@@ -49,17 +49,17 @@ def _open_regular_file(path: str | Path, what: str) -> int:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise _not_regular(path, what)
-    if mode & stat.S_IROTH:
+    if st.st_mode & stat.S_IROTH:
         # A warning, not a refusal: refusing would stop mounts that worked until now, at
         # boot. But every local user can read the secret that opens the volume.
-        log.warning(
-            "%s file %s can be read by every user of this machine: chmod o-r %s",
-            what, path, path,
-        )  # fmt: skip
+        fix = f"chmod o-r {path}"
+        if st.st_uid != os.geteuid():  # only its owner or root may change its mode
+            fix += f" (as its owner, uid {st.st_uid}, or root)"
+        log.warning("%s file %s can be read by every user of this machine: %s", what, path, fix)
     return fd
 
 

@@ -198,6 +198,7 @@ class LocalStore:
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
         self._root_id = _dir_id(self.root)  # None until init makes the root
         self._direct = True  # until the file system refuses O_DIRECT
+        self._direct_lock = threading.Lock()
 
     def _written(self, path: Path, *, file: bool = True) -> None:
         """Remember that path's directory entry changed (and, if file, its data) for sync()."""
@@ -281,14 +282,16 @@ class LocalStore:
         _write_all(fd, data)
 
     def _no_direct(self, exc: DirectIOUnsupported) -> None:
-        if self._direct:
+        with self._direct_lock:  # puts come from several threads: one line, not one each
+            if not self._direct:
+                return
+            self._direct = False
             log.info(
                 "local store at %s: the file system refuses O_DIRECT (%s);"
                 " writing through the page cache",
                 self.root,
                 exc,
             )
-        self._direct = False
 
     def _make_dirs(self, path: Path) -> None:
         """mkdir -p, remembering the highest directory made above the root: its entry

@@ -21,6 +21,7 @@ from sealfs.errors import ConfigError, SealfsError, StoreError, TransientStoreEr
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from tests.conftest import RECOVERY_KEY
+from tests.prereq import require
 from tests.store.conftest import mounted_tmpfs
 
 
@@ -50,6 +51,23 @@ def test_a_secret_file_every_user_can_read_is_read_with_a_warning(
         f"passphrase file {path} can be read by every user of this machine: chmod o-r {path}"
     ]
     assert [r.getMessage() for r in caplog.records] == (expected if warned else [])
+
+
+def test_the_warning_names_the_owner_when_the_file_is_someone_else_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`chmod o-r` alone is no fix for a user who does not own the file (root's, say)."""
+    require(os.geteuid() == 0, "giving a file to another user needs root")
+    path = tmp_path / "secret"
+    path.write_text("pass\n")
+    path.chmod(0o644)
+    os.chown(path, 65534, 65534)
+    with caplog.at_level(logging.WARNING):
+        assert read_secret_file(path, "passphrase") == b"pass"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"passphrase file {path} can be read by every user of this machine:"
+        f" chmod o-r {path} (as its owner, uid 65534, or root)"
+    ]
 
 
 @pytest.mark.timeout(20)
