@@ -283,8 +283,8 @@ def mounted_status(mnt: str) -> dict[str, object] | None:
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             return None
-        owner = sealfs_mount_owner(mnt)
-        if exc.errno == errno.EACCES and owner is not None and owner != os.getuid():
+        owner = sealfs_mount_owner(mnt) if exc.errno == errno.EACCES else None
+        if owner is not None and owner != os.getuid():
             # The kernel lets only the user who mounted it (not even root) reach a FUSE
             # mount made without allow_other; "not a sealfs mount" sent them looking.
             raise ConfigError(
@@ -332,8 +332,8 @@ def run_umount(args: argparse.Namespace) -> int:
         print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
               " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
         return FAILURE
-    owner = sealfs_mount_owner(mnt)
-    if os.getuid() != 0 and owner is not None and owner != os.getuid():
+    owner = None if os.getuid() == 0 else sealfs_mount_owner(mnt)  # root may unmount any
+    if owner is not None and owner != os.getuid():
         # An --allow-other mount answers everyone, but fusermount3 unmounts only for the
         # user who mounted it: it committed, then said "entry ... not found in /etc/mtab".
         raise ConfigError(

@@ -218,24 +218,26 @@ def _answers(mountpoint: str) -> bool:
     return True
 
 
+def _topmost(mountpoint: str) -> MountEntry | None:
+    """The mount on mountpoint that covers the others there, if any."""
+    target = os.path.realpath(mountpoint)
+    on_it = [entry for entry in mount_table() if entry.mountpoint == target]
+    return on_it[-1] if on_it else None  # the table lists a mount after those it covers
+
+
 def _is_sealfs_mount(mountpoint: str) -> bool:
     """Whether the topmost mount on mountpoint is one that sealfs made (see prepare())."""
-    target = os.path.realpath(mountpoint)
-    on_it = [(e.source, e.kind) for e in mount_table() if e.mountpoint == target]
-    if not on_it:
-        return False
-    source, kind = on_it[-1]  # the table lists a mount after the ones it covers
-    return kind == "fuse.sealfs" and source.startswith("sealfs:")
+    top = _topmost(mountpoint)
+    return top is not None and top.kind == "fuse.sealfs" and top.source.startswith("sealfs:")
 
 
 def sealfs_mount_owner(mountpoint: str) -> int | None:
     """The uid that made the topmost sealfs mount on mountpoint (its user_id= option),
     or None if there is none there."""
-    target = os.path.realpath(mountpoint)
-    on_it = [entry for entry in mount_table() if entry.mountpoint == target]
-    if not on_it or on_it[-1].kind != "fuse.sealfs":
+    top = _topmost(mountpoint)
+    if top is None or top.kind != "fuse.sealfs":
         return None
-    for option in on_it[-1].options:
+    for option in top.options:
         if option.startswith("user_id=") and option[8:].isdigit():
             return int(option[8:])
     return None
