@@ -254,13 +254,8 @@ class Rekeyer:
     def _never_recorded(self, name: str) -> bool:
         """Whether name is a chunk that no record of the volume names (live state: the
         committed records and those of commits still to come)."""
-        if not name.startswith(CHUNK_PREFIX):
-            return False
-        try:
-            chunk_id = bytes.fromhex(name.rpartition("/")[2])
-        except ValueError:
-            return False
-        return chunk_id not in self._loaded.live.chunks
+        chunk_id = _chunk_id(name)
+        return chunk_id is not None and chunk_id not in self._loaded.live.chunks
 
     def _reseal_checked(self, name: str, data: bytes) -> int:
         try:
@@ -292,11 +287,8 @@ class Rekeyer:
     def _identity(self, name: str) -> tuple[ObjectKind, bytes]:
         vid = self._loaded.volume_id
         if name.startswith(CHUNK_PREFIX):
-            try:
-                chunk_id = bytes.fromhex(name.rpartition("/")[2])
-            except ValueError:
-                chunk_id = b""
-            if len(chunk_id) != CHUNK_ID_SIZE:
+            chunk_id = _chunk_id(name)
+            if chunk_id is None:
                 raise FormatError(f"unexpected object name {name!r} in the store")
             return ObjectKind.CHUNK, chunk_binding(vid, chunk_id)
         kind = ObjectKind.SNAPSHOT if name.startswith(SNAPSHOT_PREFIX) else ObjectKind.SEGMENT
@@ -317,3 +309,15 @@ class Rekeyer:
             self._loaded.header = decode_header(new)
             return
         raise PreconditionFailedError("the volume header keeps changing: the rekey will retry")
+
+
+def _chunk_id(name: str) -> bytes | None:
+    """The id a chunk's store name spells (c/<ab>/<64 hex digits>), or None if name is
+    not one."""
+    if not name.startswith(CHUNK_PREFIX):
+        return None
+    try:
+        chunk_id = bytes.fromhex(name.rpartition("/")[2])
+    except ValueError:
+        return None
+    return chunk_id if len(chunk_id) == CHUNK_ID_SIZE else None
