@@ -189,18 +189,12 @@ def test_user_allow_other_is_read_as_fusermount3_reads_it(shared_env: VolumeEnv)
     require(shutil.which("unshare") is not None, "unshare (util-linux) is needed")
     env = shared_env
     give_to_nobody(env)
-    conf = env.root / "fuse.conf"
-    conf.write_text("# users may share their mounts\n  user_allow_other   # see fuse(8)\n")
-    script = " && ".join(
-        [
-            f"mount --bind {shlex.quote(str(conf))} /etc/fuse.conf",
-            shlex.join(nobody_command(*env.mount_args(), "--allow-other")),
-            f"grep -q ' {env.mnt} fuse.sealfs .*allow_other' /proc/self/mounts",
-            shlex.join(nobody_command("umount", str(env.mnt))),
-        ]
-    )
-    result = run_with_cli_env(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    result = with_fuse_conf(
+        env,
+        "# users may share their mounts\n  user_allow_other   # see fuse(8)\n",
+        nobody_command(*env.mount_args(), "--allow-other"),
+        f"grep -q ' {env.mnt} fuse.sealfs .*allow_other' /proc/self/mounts",
+        nobody_command("umount", str(env.mnt)),
     )
     assert result.returncode == 0, result.stderr
 
@@ -213,20 +207,28 @@ def test_a_user_with_cap_sys_admin_mounts_as_root_does(shared_env: VolumeEnv) ->
     env = shared_env
     give_to_nobody(env)
     os.chown(env.mnt, 0, 0)  # root's, mode 0755
-    conf = env.root / "fuse.conf"
-    conf.write_text("")  # no user_allow_other
-    script = " && ".join(
-        [
-            f"mount --bind {shlex.quote(str(conf))} /etc/fuse.conf",
-            shlex.join(nobody_command(*env.mount_args(), "--allow-other", caps="+sys_admin")),
-            f"grep -q ' {env.mnt} fuse.sealfs .*user_id={NOBODY},.*allow_other' /proc/self/mounts",
-            shlex.join(nobody_command("umount", str(env.mnt), caps="+sys_admin")),
-        ]
-    )
-    result = run_with_cli_env(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    result = with_fuse_conf(
+        env,
+        "",  # no user_allow_other
+        nobody_command(*env.mount_args(), "--allow-other", caps="+sys_admin"),
+        f"grep -q ' {env.mnt} fuse.sealfs .*user_id={NOBODY},.*allow_other' /proc/self/mounts",
+        nobody_command("umount", str(env.mnt), caps="+sys_admin"),
     )
     assert result.returncode == 0, result.stderr
+
+
+def with_fuse_conf(
+    env: VolumeEnv, conf_text: str, *steps: list[str] | str
+) -> subprocess.CompletedProcess[str]:
+    """Run steps (commands, or shell lines), stopping at the first failure, in a mount
+    namespace of their own where a file holding conf_text is bound on /etc/fuse.conf."""
+    conf = env.root / "fuse.conf"
+    conf.write_text(conf_text)
+    lines = [f"mount --bind {shlex.quote(str(conf))} /etc/fuse.conf"]
+    lines += [step if isinstance(step, str) else shlex.join(step) for step in steps]
+    return run_with_cli_env(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(lines)]
+    )
 
 
 MODES_ADDED_THEN_WAIT = """
