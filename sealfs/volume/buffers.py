@@ -176,14 +176,23 @@ class SparseBuffer:
         """
         pos, end = offset, offset + len(data)
         view = memoryview(data)
-        for start, n in [(s, r.n) for s, r in zip(self._starts, self._ranges, strict=True)]:
-            if start >= end:
-                break
+        # Only the ranges overlapping [offset, end) matter: a failed flush puts back each
+        # of its ranges so, and walking every buffered range each time froze the event
+        # loop for 30 s on 20,000 scattered ranges (quadratic).
+        i, j = self._overlapping(offset, end)
+        for start, n in [(self._starts[k], self._ranges[k].n) for k in range(i, j)]:
             if start > pos:
                 self._insert(pos, view[pos - offset : start - offset])
             pos = max(pos, start + n)
         if pos < end:
             self._insert(pos, view[pos - offset :])
+
+    def _overlapping(self, offset: int, end: int) -> tuple[int, int]:
+        """Index range of the ranges that overlap [offset, end) (found by bisection)."""
+        i = bisect_right(self._starts, offset)
+        if i > 0 and self._starts[i - 1] + self._ranges[i - 1].n > offset:
+            i -= 1
+        return i, max(i, bisect_left(self._starts, end))
 
     def _insert(self, offset: int, data: Bytes) -> None:
         """Add a range over a gap (the caller guarantees nothing is buffered there)."""
@@ -195,24 +204,20 @@ class SparseBuffer:
     def overlay(self, out: bytearray | memoryview, offset: int) -> None:
         """Copy the buffered bytes that fall inside [offset, offset + len(out)) into out."""
         end = offset + len(out)
-        i = max(0, bisect_right(self._starts, offset) - 1)
-        for start, r in zip(self._starts[i:], self._ranges[i:], strict=True):
-            if start >= end:
-                break
+        i, j = self._overlapping(offset, end)  # not a copy of every range after offset
+        for start, r in zip(self._starts[i:j], self._ranges[i:j], strict=True):
             lo, hi = max(start, offset), min(start + r.n, end)
-            if lo < hi:
-                out[lo - offset : hi - offset] = memoryview(r.buf)[lo - start : hi - start]
+            out[lo - offset : hi - offset] = memoryview(r.buf)[lo - start : hi - start]
 
     def copy_range(self, offset: int, end: int) -> SparseBuffer:
         """A detached copy of the buffered bytes inside [offset, end)."""
         out = SparseBuffer()
-        i = max(0, bisect_right(self._starts, offset) - 1)
-        for start, r in zip(self._starts[i:], self._ranges[i:], strict=True):
-            if start >= end:
-                break
+        # A read asks this of each layer: listing every range after offset made a read
+        # at the start of a file written at random cost 0.5 ms at 100,000 ranges.
+        i, j = self._overlapping(offset, end)
+        for start, r in zip(self._starts[i:j], self._ranges[i:j], strict=True):
             lo, hi = max(start, offset), min(start + r.n, end)
-            if lo < hi:
-                out.write(lo, memoryview(r.buf)[lo - start : hi - start])
+            out.write(lo, memoryview(r.buf)[lo - start : hi - start])
         return out
 
     def truncate(self, size: int) -> None:

@@ -64,6 +64,42 @@ def test_ranges_in_lists_the_ranges_that_begin_inside(
     assert listed == [(start, bytes(data)) for start, data in buf.ranges() if lo <= start < hi]
 
 
+@given(writes, st.integers(0, 400), st.integers(0, 400))
+def test_windows_read_and_copy_only_the_bytes_inside(
+    ops: list[tuple[int, bytes, bool]], lo: int, hi: int
+) -> None:
+    """overlay and copy_range of a window anywhere in the buffer, touching ranges that
+    start before it, end inside it, or only touch its edges."""
+    buf = SparseBuffer()
+    ref = write_both(buf, ops)
+    hi = max(lo, hi)
+    out = bytearray(b"?" * (hi - lo))
+    buf.overlay(out, lo)
+    assert out == bytes(ref.data[k] if ref.known[k] else ord("?") for k in range(lo, hi))
+    part = buf.copy_range(lo, hi)
+    covered = [False] * 400
+    for start, data in part.ranges():
+        assert bytes(data) == ref.data[start : start + len(data)]
+        for k in range(start, start + len(data)):
+            covered[k] = True
+    assert covered == [lo <= k < hi and ref.known[k] for k in range(400)]
+
+
+def test_writing_under_many_ranges_fills_only_the_gaps() -> None:
+    """A failed flush puts each of its ranges back under newer writes: every gap between
+    the newer ranges is filled, no newer byte is overwritten, whatever their number."""
+    buf = SparseBuffer()
+    for k in range(0, 40_000, 4):
+        buf.write(k, b"n")  # newer writes: every fourth byte
+    old = bytes(range(256)) * 160  # 40,960 bytes, one range each put back
+    for k in range(0, 40_000, 8):
+        buf.write_under(k, old[k : k + 8])
+    out = bytearray(40_000)
+    buf.overlay(out, 0)
+    assert out == bytes(b"n"[0] if k % 4 == 0 else old[k] for k in range(40_000))
+    assert buf.nbytes == 40_000
+
+
 def test_sequential_appends_stay_one_range() -> None:
     buf = SparseBuffer()
     for k in range(100):
