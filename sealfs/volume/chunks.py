@@ -46,8 +46,15 @@ class StoredChunk:
     uploaded: bool
 
 
+# What one entry costs beyond its payload: the id, the bytes object and the
+# OrderedDict node (about 200 bytes, measured with tracemalloc). Counting payload
+# alone let a cache of tiny chunks (small files read one after another) hold
+# several times its bound: 100,000 files of 10 bytes took 21 MB for 1 MB counted.
+ENTRY_OVERHEAD = 200
+
+
 class PlainCache:
-    """LRU of opened chunk plaintexts, bounded in bytes."""
+    """LRU of opened chunk plaintexts, bounded in bytes (payload plus per-entry overhead)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
@@ -64,19 +71,19 @@ class PlainCache:
         return data
 
     def put(self, chunk_id: bytes, data: bytes) -> None:
-        if chunk_id in self._items or len(data) > self._max:
+        if chunk_id in self._items or len(data) + ENTRY_OVERHEAD > self._max:
             return
         self._items[chunk_id] = data
-        self.nbytes += len(data)
+        self.nbytes += len(data) + ENTRY_OVERHEAD
         while self.nbytes > self._max:
             _, old = self._items.popitem(last=False)
-            self.nbytes -= len(old)
+            self.nbytes -= len(old) + ENTRY_OVERHEAD
 
     def discard(self, chunk_id: bytes) -> None:
         """Forget a chunk that is not likely to be read again (its memory matters more)."""
         data = self._items.pop(chunk_id, None)
         if data is not None:
-            self.nbytes -= len(data)
+            self.nbytes -= len(data) + ENTRY_OVERHEAD
 
 
 class Chunks:

@@ -7,6 +7,7 @@ from sealfs.errors import IntegrityError, ObjectNotFoundError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.cache import CachingStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume.chunks import ENTRY_OVERHEAD, PlainCache
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
@@ -118,3 +119,18 @@ async def test_many_small_files_in_one_commit_are_sealed_in_batches(
             fh = await volume.open(attr.ino, os.O_RDONLY)
             assert await volume.read(fh, 0, 1000) == data
             await volume.release(fh)
+
+
+def test_the_plaintext_cache_counts_what_each_entry_costs() -> None:
+    """A cache of tiny chunks (small files read one after another) stays within its
+    bound in memory, not only in payload bytes: each entry costs about 200 bytes
+    beyond its payload."""
+    cache = PlainCache(1 << 20)
+    for k in range(100_000):
+        cache.put(k.to_bytes(32, "big"), b"0123456789")
+    assert len(cache._items) <= (1 << 20) // (10 + ENTRY_OVERHEAD)
+    assert cache.nbytes <= 1 << 20
+    newest = (99_999).to_bytes(32, "big")
+    assert cache.get(newest) == b"0123456789"
+    cache.discard(newest)
+    assert cache.nbytes == len(cache._items) * (10 + ENTRY_OVERHEAD)
