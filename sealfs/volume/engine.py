@@ -57,6 +57,9 @@ NAME_MAX = 255
 XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 65536
 XATTR_LIST_MAX = 65536  # the most listxattr(2) returns: every name, NUL-terminated
+# Names and values of one file together. Every snapshot and the daemon's memory hold
+# them all: without a bound, one file took 128 MiB (2,000 values of 64 KiB).
+XATTR_TOTAL_MAX = 1 << 20
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
 # ACLs are not stored: one stored but not applied would be taken as applied (cp -a sets
@@ -732,6 +735,10 @@ class Volume:
         if name not in inode.xattrs and _names_size(inode.xattrs) + len(name) + 1 > XATTR_LIST_MAX:
             # Past this, listxattr fails with E2BIG and cp -a or rsync -X drop every xattr.
             raise FsError(errno.ENOSPC)
+        old = inode.xattrs.get(name)
+        grows = len(value) - len(old) if old is not None else len(name) + len(value)
+        if grows > 0 and _xattrs_size(inode.xattrs) + grows > XATTR_TOTAL_MAX:
+            raise FsError(errno.ENOSPC)  # as a full ext4 inode says; a smaller value still fits
         self._record(ops.set_xattr(ino, name, value))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -776,6 +783,11 @@ class Volume:
 def _names_size(xattrs: Mapping[bytes, bytes]) -> int:
     """Bytes listxattr(2) would return: each name with its NUL."""
     return sum(len(name) + 1 for name in xattrs)
+
+
+def _xattrs_size(xattrs: Mapping[bytes, bytes]) -> int:
+    """Bytes a file's xattrs take in metadata: names and values."""
+    return sum(len(name) + len(value) for name, value in xattrs.items())
 
 
 def _mode_of_acl(value: bytes) -> int | None:

@@ -26,6 +26,7 @@ from sealfs.volume.engine import (
     RENAME_NOREPLACE,
     XATTR_CREATE,
     XATTR_REPLACE,
+    XATTR_TOTAL_MAX,
     Volume,
 )
 from sealfs.volume.loader import open_volume
@@ -550,6 +551,32 @@ async def test_xattr_names_stop_where_listxattr_could_no_longer_list_them(
         assert await v.listxattr(f) == names
         await v.removexattr(f, names[-1])
         await v.setxattr(f, b"user.one-more", b"v")
+
+
+async def test_a_files_xattrs_stop_at_one_mebibyte_of_names_and_values(
+    volume_store: ObjectStore,
+) -> None:
+    """Every snapshot and the daemon's memory hold all xattrs: one file took 128 MiB
+    (2,000 values of 64 KiB) before their total was bounded. Past the bound a value
+    that grows gets ENOSPC, as on a full ext4 inode; one that shrinks still fits."""
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f")
+        full = b"x" * 65536
+        names = [b"user.%02d" % k for k in range(15)]  # 15 * (7 + 65536) bytes
+        for name in names:
+            await v.setxattr(f, name, full)
+        room = XATTR_TOTAL_MAX - 15 * (7 + 65536)
+        await v.setxattr(f, b"user.last", b"y" * (room - 9))  # exactly full
+        await expect(errno.ENOSPC, v.setxattr(f, b"user.z", b""))
+        await expect(errno.ENOSPC, v.setxattr(f, b"user.last", b"y" * (room - 8)))
+        await v.setxattr(f, names[0], b"small")  # shrinking needs no room
+        await v.setxattr(f, b"user.z", b"now it fits")
+        g = await mkfile(v, ROOT_INO, b"g")
+        await v.setxattr(g, names[0], full)  # the bound is per file
+    async with session(volume_store) as v:
+        f = await ino_of(v, "f")
+        assert await v.getxattr(f, b"user.z") == b"now it fits"
+        assert await v.getxattr(f, names[1]) == full
 
 
 async def test_access_acl_restating_the_mode_is_a_chmod(volume_store: ObjectStore) -> None:
