@@ -585,6 +585,11 @@ class Volume:
         self.files.write(inode, offset, data)
         inode.mtime_ns = inode.ctime_ns = time.time_ns()  # recorded at the commit's cut
         await self._apply_backpressure()
+        if handle.flags & os.O_DSYNC:  # O_SYNC includes it
+            # The kernel sends FSYNC after a synchronous write to such a file, but not
+            # after an asynchronous O_DIRECT one (libaio, io_uring): it completes that
+            # on our reply. The FSYNC that follows a synchronous write finds nothing left.
+            await self.fsync()
         return len(data)
 
     async def _apply_backpressure(self) -> None:

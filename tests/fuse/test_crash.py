@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
 from sealfs.volume.loader import open_volume
 from tests.mounts import PASSPHRASE, VolumeEnv
+from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -257,3 +259,32 @@ def test_closed_file_is_committed_within_the_commit_interval(mounted_env: Volume
     env.mount()
     assert (env.mnt / "lazy").read_bytes() == data
     assert (env.mnt / "lazydir").is_dir()
+
+
+def test_o_dsync_async_direct_write_survives_a_crash(volume_env: VolumeEnv) -> None:
+    """A write to a file opened with O_DSYNC is committed when it returns, however issued.
+
+    The kernel completes an asynchronous O_DIRECT write (libaio, io_uring) on a FUSE
+    mount without sending the FSYNC it sends after a synchronous one: only the daemon,
+    which sees O_DSYNC at open, can commit it. fio's libaio engine issues such writes.
+    """
+    require(shutil.which("fio") is not None, "fio is needed (scripts/setup installs it)")
+    env = volume_env
+    env.mount("--commit-interval", "3600")  # only syncs commit
+    path = env.mnt / "f"
+    with open(path, "wb") as f:
+        # Written over in place: the kernel turns a write that extends a file synchronous.
+        f.write(bytes(64 * 1024))
+        f.flush()
+        os.fsync(f.fileno())
+    fio = [
+        "fio", "--name=dsync", f"--filename={path}", "--size=64k", "--bs=4k",
+        "--rw=write", "--overwrite=1", "--ioengine=libaio", "--iodepth=1", "--direct=1",
+        "--sync=dsync", "--buffer_pattern=0x5a", "--output=/dev/null",
+    ]  # fmt: skip
+    subprocess.run(fio, check=True, timeout=60, capture_output=True)
+    env.kill()
+    env.mount()
+    data = path.read_bytes()
+    env.umount()
+    assert data == b"\x5a" * 64 * 1024
