@@ -285,11 +285,14 @@ def _check_mountpoint(mountpoint: str) -> None:
                 f"mountpoint {mountpoint} holds a mount whose daemon died:"
                 f" run 'sealfs umount {mountpoint}' first"
             )
-        raise MountpointBusyError(f"mountpoint {mountpoint} is busy (something is mounted there)")
+        raise MountpointBusyError(
+            f"mountpoint {mountpoint} is busy (something is mounted there):"
+            " unmount it first, or mount on another empty directory"
+        )
     if not os.path.exists(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
-        raise ConfigError(f"mountpoint {mountpoint} is not a directory")
+        raise ConfigError(f"mountpoint {mountpoint} is not a directory: give an empty directory")
     if not is_empty_dir(mountpoint):
         raise ConfigError(
             f"mountpoint {mountpoint} is not empty: the mount would hide its files;"

@@ -102,7 +102,10 @@ def create_volume(
     half-way leaves no header, and the store is not mistaken for a volume.
     """
     if _exists(store, HEADER_NAME):
-        raise VolumeExistsError(f"{store.describe()} already holds a sealfs volume")
+        raise VolumeExistsError(
+            f"{store.describe()} already holds a sealfs volume: use it ('sealfs mount'),"
+            " or give an empty directory (or an unused S3 prefix) for a new one"
+        )
     if store.list(""):
         raise VolumeExistsError(
             f"{store.describe()} is not empty and holds no sealfs volume: use an empty directory"

@@ -161,8 +161,10 @@ def test_store_path_that_is_missing_or_a_file(vol: VolumeEnv, tmp_path: Path) ->
 
 def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
     result = sealfs("init", str(vol.store), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
-    err = one_line(result, None)
+    err = one_line(result, USAGE)
     assert "already" in err
+    # README: every error names the fix, not the problem alone.
+    assert "sealfs mount" in err and "empty directory" in err, err
 
 
 def test_init_into_a_non_empty_directory_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
@@ -321,6 +323,7 @@ def test_mountpoint_that_is_a_file(vol: VolumeEnv, tmp_path: Path) -> None:
     )  # fmt: skip
     err = one_line(result, USAGE)
     assert "not a directory" in err
+    assert "empty directory" in err, err  # the fix, not the problem alone
 
 
 def test_mountpoint_that_is_not_empty(vol: VolumeEnv, tmp_path: Path) -> None:
@@ -443,6 +446,7 @@ def test_busy_mountpoint_and_second_writer(volume_env: VolumeEnv, tmp_path: Path
         )  # fmt: skip
         err = one_line(result, BUSY)
         assert "busy" in err
+        assert "unmount it" in err and "another empty directory" in err, err  # the fix
         # A second read-write mount of the mounted volume elsewhere names the writer.
         other = tmp_path / "other-mnt"
         other.mkdir()
