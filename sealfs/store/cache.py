@@ -45,6 +45,7 @@ CACHED_PREFIX = "c/"
 TEMP_PREFIX = ".tmp-"
 _STALE_TEMP_AGE = 3600.0  # younger temp files may belong to another live process
 _WARN_INTERVAL = 600.0  # a full cache disk fails every write: say so once, not per chunk
+_DIR_MODE = 0o700  # other local users may not list what a mount reads
 
 
 def is_cached_name(name: str) -> bool:
@@ -72,7 +73,8 @@ class CachingStore:
         self._total = 0
         self._last_warning: float | None = None
         try:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            self.cache_dir.parent.mkdir(parents=True, exist_ok=True)  # the user's, as mkdir -p
+            _make_dirs(self.cache_dir)
         except OSError as exc:
             raise ConfigError(
                 f"cannot create cache directory {self.cache_dir}: {exc.strerror}"
@@ -311,13 +313,24 @@ def _valid(name: str) -> bool:
     return is_cached_name(name)
 
 
+def _make_dirs(path: Path) -> None:
+    """mkdir -p of the cache's own directories: the owner's only, whatever the umask, as
+    the local store's are (the names and sizes of cached chunks show what a mount reads)."""
+    missing = [path]
+    while not missing[-1].parent.exists():
+        missing.append(missing[-1].parent)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, _DIR_MODE)
+
+
 def _write_file(path: Path, data: bytes) -> None:
     """Create path exclusively and write data, creating parent directories lazily."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(path.parent)
         fd = os.open(path, flags, 0o600)
     try:
         view = memoryview(data)

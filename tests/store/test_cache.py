@@ -180,3 +180,25 @@ def test_cache_dir_that_cannot_be_created_is_a_config_error(tmp_path: Path) -> N
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(ConfigError, match="cannot create cache directory"):
         CachingStore(MemoryStore(), tmp_path / "file" / "cache", 1000)
+
+
+def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
+    """As the local store's (design.md, "Local store"): they followed the umask, so
+    under the usual 022 any local user could list which chunks a mount reads."""
+    old = os.umask(0)
+    try:
+        memory = MemoryStore()
+        memory.put("c/ab/x", b"sealed chunk")
+        store = CachingStore(memory, tmp_path / "parent" / "cache", 1 << 20)
+        assert store.get("c/ab/x") == b"sealed chunk"
+    finally:
+        os.umask(old)
+
+    def mode(path: Path) -> int:
+        return path.stat().st_mode & 0o777
+
+    assert mode(tmp_path / "parent") == 0o777  # above the cache: made as mkdir -p makes it
+    assert [mode(tmp_path / "parent" / p) for p in ("cache", "cache/c", "cache/c/ab")] == [
+        0o700
+    ] * 3
+    assert mode(tmp_path / "parent/cache/c/ab/x") == 0o600
