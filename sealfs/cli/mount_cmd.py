@@ -47,6 +47,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("mountpoint", help="an empty directory outside the store")
     add_unlock_options(p)
     p.set_defaults(store_timeout=DEFAULT_STORE_TIMEOUT)  # fsyncs ride out an outage
+    for action in p._actions:
+        if action.dest == "store_timeout":
+            action.help = (
+                "how long an fsync waits for an unreachable store before it fails with EIO"
+                " (default %(default).0f); commits resume when the store is back"
+            )
     add_cache_options(p)
     p.add_argument(
         "--commit-interval",

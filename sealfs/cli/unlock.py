@@ -34,9 +34,7 @@ def add_s3_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=COMMAND_STORE_TIMEOUT,
         metavar="SECONDS",
-        help="how long to wait for an unreachable store before failing (default"
-        " %(default).0f); a mount's fsync then fails with EIO, and commits resume when"
-        " the store is back",
+        help="how long to wait for an unreachable store before failing (default %(default).0f)",
     )
     p.add_argument(
         "--s3-endpoint",

@@ -184,3 +184,19 @@ def test_every_passphrase_file_option_names_the_other_sources() -> None:
     assert "sealfs init" in helps and "sealfs mount" in helps
     for prog, text in helps.items():
         assert "SEALFS_PASSPHRASE_FILE" in text, (prog, text)
+
+
+def test_store_timeout_help_speaks_of_the_command_it_is_on() -> None:
+    """`sealfs init --help` (and status, key, rekey) said that "a mount's fsync then fails
+    with EIO, and commits resume", which is true of a mount only: a command gives up."""
+    helps = {}
+    for prog, parser in _all_parsers(build_parser()):
+        for action in parser._actions:
+            if "--store-timeout" in action.option_strings:  # as --help prints it
+                helps[prog] = parser._get_formatter()._expand_help(action)
+    assert {"sealfs init", "sealfs status", "sealfs rekey", "sealfs key add"} <= set(helps)
+    for prog, text in helps.items():
+        if prog == "sealfs mount":
+            assert "default 300" in text and "fsync" in text, text
+        else:
+            assert "default 30)" in text and "fsync" not in text, (prog, text)
