@@ -84,7 +84,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--timeout",
         type=float,
         default=60.0,
-        help="seconds to wait for the daemon to exit (default 60)",
+        help="seconds to wait, once unmounted, for the daemon to exit (default 60)",
     )
     u.set_defaults(run=run_umount)
 
