@@ -21,7 +21,12 @@ from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside
 from sealfs.cli.units import seconds
-from sealfs.cli.unlock import add_cache_options, add_unlock_options, unlock_store
+from sealfs.cli.unlock import (
+    MOUNT_TIMEOUT_HELP,
+    add_cache_options,
+    add_unlock_options,
+    unlock_store,
+)
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (
     abandon,
@@ -45,14 +50,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
     p.add_argument("mountpoint", help="an empty directory outside the store")
-    add_unlock_options(p)
-    p.set_defaults(store_timeout=DEFAULT_STORE_TIMEOUT)  # fsyncs ride out an outage
-    for action in p._actions:
-        if action.dest == "store_timeout":
-            action.help = (
-                "how long an fsync waits for an unreachable store before it fails with EIO"
-                " (default %(default).0f); commits resume when the store is back"
-            )
+    # fsyncs ride out an outage
+    add_unlock_options(p, store_timeout=DEFAULT_STORE_TIMEOUT, timeout_help=MOUNT_TIMEOUT_HELP)
     add_cache_options(p)
     p.add_argument(
         "--commit-interval",

@@ -16,7 +16,20 @@ from sealfs.volume.loader import Loaded, load_unlocked, read_header
 COMMAND_STORE_TIMEOUT = 30.0
 
 
-def add_unlock_options(p: argparse.ArgumentParser) -> None:
+# What --store-timeout bounds: a command gives up; a mount's fsync fails and it goes on.
+COMMAND_TIMEOUT_HELP = "how long to wait for an unreachable store before failing"
+MOUNT_TIMEOUT_HELP = (
+    "how long an fsync waits for an unreachable store before it fails with EIO;"
+    " commits resume when the store is back"
+)
+
+
+def add_unlock_options(
+    p: argparse.ArgumentParser,
+    *,
+    store_timeout: float = COMMAND_STORE_TIMEOUT,
+    timeout_help: str = COMMAND_TIMEOUT_HELP,
+) -> None:
     p.add_argument(
         "--passphrase-file",
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE;"
@@ -24,17 +37,22 @@ def add_unlock_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
-    add_s3_options(p)
+    add_s3_options(p, store_timeout=store_timeout, timeout_help=timeout_help)
 
 
-def add_s3_options(p: argparse.ArgumentParser) -> None:
-    """--store-timeout (a mount sets its own default) and --s3-endpoint."""
+def add_s3_options(
+    p: argparse.ArgumentParser,
+    *,
+    store_timeout: float = COMMAND_STORE_TIMEOUT,
+    timeout_help: str = COMMAND_TIMEOUT_HELP,
+) -> None:
+    """--store-timeout (a mount's default and meaning differ) and --s3-endpoint."""
     p.add_argument(
         "--store-timeout",
         type=float,
-        default=COMMAND_STORE_TIMEOUT,
+        default=store_timeout,
         metavar="SECONDS",
-        help="how long to wait for an unreachable store before failing (default %(default).0f)",
+        help=f"{timeout_help} (default %(default).0f)",
     )
     p.add_argument(
         "--s3-endpoint",
