@@ -151,10 +151,24 @@ class Volume:
                 nursery.cancel_scope.cancel()
 
     async def close(self) -> None:
-        """Commit everything, marking the writer released. Raises StoreError on failure."""
+        """Commit everything, marking the writer released. Raises StoreError on failure,
+        unless the release was all that was left to commit: then nothing is lost."""
         if self.read_only:
             return
-        await self.commits.commit(extra=[release_record(self.loaded)])
+        unsaved = self.commits.has_work()
+        try:
+            await self.commits.commit(extra=[release_record(self.loaded)])
+        except SealfsError as exc:
+            if unsaved:
+                raise
+            self.read_only = True
+            # Reporting it as lost data (as a failed final commit is) alarmed for nothing.
+            log.warning(
+                "could not record at unmount that this mount stopped writing: %s. Nothing"
+                " is lost; a mount on another host will need --takeover",
+                exc,
+            )
+            return
         self.read_only = True
         if self.commits.snapshot_due(closing=True):
             try:

@@ -311,6 +311,32 @@ async def test_flush_failing_to_read_an_old_chunk_commits_the_new_bytes_unmerged
         assert await read_all(v, f) == b"x" * 100 + b"y" * 100
 
 
+@pytest.mark.parametrize("pending", [False, True], ids=["only-the-release", "with-data"])
+async def test_a_failed_final_commit_is_an_error_only_when_it_carried_data(
+    faulty: FaultyStore, pending: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unmounting commits the writer's release last. If that commit fails with nothing
+    else in it, no data is lost: a warning, not the error that says data is lost."""
+    volume = None
+    failure: BaseExceptionGroup[BaseException] | None = None
+    try:
+        async with mounted(faulty, **QUIET) as volume:  # type: ignore[arg-type]
+            await mkfile(volume, ROOT_INO, b"f", b"x")
+            await volume.fsync()
+            if pending:
+                await mkfile(volume, ROOT_INO, b"g", b"y")
+            faulty.fail_next("put_if_absent", "l/", "unavailable")
+    except BaseExceptionGroup as group:  # trio's nurseries wrap it
+        failure = group
+    assert (failure is not None and failure.split(StoreError)[0] is not None) is pending
+    assert volume is not None and volume.read_only is not pending  # released, or still to do
+    assert faulty.injected
+    assert ("Nothing is lost" in caplog.text) is not pending
+    committed = load(faulty.inner)
+    assert len(committed.inodes) == 2  # the root and f; g, if written, went with the commit
+    assert committed.writer is not None  # not released: the next writer must take over
+
+
 async def test_every_waiter_of_a_failed_commit_sees_the_error(faulty: FaultyStore) -> None:
     async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
         await mkfile(v, ROOT_INO, b"f", b"x")
