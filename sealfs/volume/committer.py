@@ -161,8 +161,13 @@ class Committer:
         """Apply a record to the live state and queue it for the next commit."""
         record(self._live, self.pending, op)
 
-    def has_work(self) -> bool:
-        return bool(self.pending) or self._files.has_dirty()
+    def has_work(self, besides: ops.Op | None = None) -> bool:
+        """Whether records or dirty bytes wait for a commit (besides that one record)."""
+        if self._files.has_dirty():
+            return True
+        return (
+            bool(self.pending) if besides is None else any(op is not besides for op in self.pending)
+        )
 
     def kick(self) -> None:
         self._wake.set()

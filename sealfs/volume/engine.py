@@ -155,11 +155,14 @@ class Volume:
         unless the release was all that was left to commit: then nothing is lost."""
         if self.read_only:
             return
-        unsaved = self.commits.has_work()
+        release = release_record(self.loaded)
         try:
-            await self.commits.commit(extra=[release_record(self.loaded)])
+            await self.commits.commit(extra=[release])
         except SealfsError as exc:
-            if unsaved:
+            # Judged after the failure, not before the call: a commit in flight then
+            # (the loop retrying against a failing store) had taken every pending record
+            # and dirty byte, and its failure put them back into this commit.
+            if self.commits.has_work(besides=release):
                 raise
             self.read_only = True
             # Reporting it as lost data (as a failed final commit is) alarmed for nothing.

@@ -337,6 +337,37 @@ async def test_a_failed_final_commit_is_an_error_only_when_it_carried_data(
     assert committed.writer is not None  # not released: the next writer must take over
 
 
+async def test_a_final_commit_failing_after_a_failed_commit_in_flight_is_an_error(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unmounting while a commit is in flight (the loop retrying against a failing or
+    slow store) found nothing pending, as that commit had taken it all. When that
+    commit failed, its data came back into the final commit: failing too, that commit
+    lost data, and must not be reported as the release alone."""
+    gated = GatedStore(faulty)
+    volume = None
+    failure: BaseExceptionGroup[BaseException] | None = None
+
+    async def open_gate_later() -> None:
+        await trio.sleep(0.2)  # close() has begun: it waits for the commit in flight
+        gated.open_gate()
+
+    try:
+        async with trio.open_nursery() as outer, mounted(gated, **QUIET) as volume:  # type: ignore[arg-type]
+            await mkfile(volume, ROOT_INO, b"g", b"y")
+            faulty.add_rule("put_if_absent", "l/", "unavailable")  # every create fails
+            gated.close_gate()
+            volume.commits.kick()  # the loop's commit takes g, then waits at the gate
+            await wait_until(lambda: gated.waiting == 1)
+            assert not volume.commits.has_work()
+            outer.start_soon(open_gate_later)
+    except BaseExceptionGroup as group:
+        failure = group
+    assert failure is not None and failure.split(StoreError)[0] is not None
+    assert "Nothing is lost" not in caplog.text
+    assert volume is not None and volume.read_only is False  # still holds g's bytes to commit
+
+
 async def test_every_waiter_of_a_failed_commit_sees_the_error(faulty: FaultyStore) -> None:
     async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
         await mkfile(v, ROOT_INO, b"f", b"x")
