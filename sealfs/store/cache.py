@@ -320,8 +320,11 @@ def _make_dirs(path: Path) -> None:
     while not missing[-1].parent.exists():
         missing.append(missing[-1].parent)
     for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(directory, _DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():  # a file there: not a cache that caches nothing
+                raise
 
 
 def _write_file(path: Path, data: bytes) -> None:

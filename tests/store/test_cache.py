@@ -182,6 +182,16 @@ def test_cache_dir_that_cannot_be_created_is_a_config_error(tmp_path: Path) -> N
         CachingStore(MemoryStore(), tmp_path / "file" / "cache", 1000)
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o755])
+def test_cache_dir_that_is_a_file_is_a_config_error(tmp_path: Path, mode: int) -> None:
+    """Not "not writable by you: chown it" (a file's mode), nor a mount that caches
+    nothing, with a warning in its log (a file the owner may write and search)."""
+    (tmp_path / "file").write_bytes(b"")
+    (tmp_path / "file").chmod(mode)
+    with pytest.raises(ConfigError, match=r"cannot create cache directory .*: File exists"):
+        CachingStore(MemoryStore(), tmp_path / "file", 1000)
+
+
 def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
     """As the local store's (design.md, "Local store"): they followed the umask, so
     under the usual 022 any local user could list which chunks a mount reads."""
