@@ -165,6 +165,8 @@ class Volume:
             if self.commits.has_work(besides=release):
                 raise
             self.read_only = True
+            if isinstance(exc, WriterStoppedError):
+                return  # taken over, said when it was found: the release is not ours to write
             # Reporting it as lost data (as a failed final commit is) alarmed for nothing.
             log.warning(
                 "could not record at unmount that this mount stopped writing: %s. Nothing"

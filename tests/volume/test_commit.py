@@ -498,6 +498,23 @@ async def test_second_claim_fences_the_first_writer(volume_store: MemoryStore) -
         assert await read_all(ro, f) == b"before"
 
 
+async def test_a_fenced_mount_with_nothing_left_unmounts_quietly(
+    volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Taken over with everything committed: the release is the new writer's business,
+    and neither an error (nothing is lost) nor advice to take over is due."""
+    async with mounted(volume_store, **QUIET) as v:
+        await mkfile(v, ROOT_INO, b"f", b"x")
+        await v.fsync()
+        other = open_volume(volume_store, Passphrase(PASSPHRASE))
+        check_writer(other, takeover=True)
+        claim_writer(other)
+    assert v.read_only
+    assert "--takeover" not in caplog.text
+    state = load(volume_store)
+    assert state.writer is not None and state.writer.mount_id == other.writer.mount_id  # type: ignore[union-attr]
+
+
 async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
     with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
         async with mounted(volume_store, commit_interval=0.01) as v:
