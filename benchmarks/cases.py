@@ -445,6 +445,8 @@ def bench_mount(ctx: Context) -> list[Figure]:
     commit = Figure("mount", "umount after creating them", "s", better=LOWER)
     mount = Figure("mount", f"mount with {total:,} files", "s", better=LOWER)
     first_ls = Figure("mount", "first ls of the root", "s", better=LOWER)
+    # The daemon keeps all metadata in memory: what operators must allow (MemoryMax).
+    rss = Figure("mount", f"daemon RSS after a find over {total:,} files", "MiB", better=LOWER)
     for name in ctx.targets:
         if name == PLAIN:
             continue
@@ -471,13 +473,18 @@ def bench_mount(ctx: Context) -> list[Figure]:
                 shown = out.stdout.count(b"\n")
                 if shown != dirs:
                     raise AssertionError(f"{name}: ls shows {shown} entries, expected {dirs}")
+                pid = t.daemon_pid()
+                if name not in rss.values and pid is not None:
+                    subprocess.run(["find", str(t.path), "-type", "f"], capture_output=True,
+                                   check=True)  # fmt: skip
+                    rss.values[name] = (proc_status(pid, "VmRSS") or 0) / MiB
                 t.umount()
             log(f"mount: {name} mounts took {', '.join(f'{m:.2f}' for m in mounts)} s")
             mount.values[name] = median(mounts)
             first_ls.values[name] = median(lss)
     mount.note = f"median of {ctx.sizes.mount_repeats}"
     mount.judge(lambda v: v[SEALFS] < 3.0, "< 3 s")
-    return [create, commit, mount, first_ls]
+    return [create, commit, mount, first_ls, rss]
 
 
 # -- 6. peak memory of the daemon while writing a large file ------------------------------
