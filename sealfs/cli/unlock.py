@@ -19,8 +19,8 @@ COMMAND_STORE_TIMEOUT = 30.0
 # What --store-timeout bounds: a command gives up; a mount's fsync fails and it goes on.
 COMMAND_TIMEOUT_HELP = "how long to wait for an unreachable store before failing"
 MOUNT_TIMEOUT_HELP = (
-    "how long an fsync waits for an unreachable store before it fails with EIO;"
-    " commits resume when the store is back"
+    "how long the mount, and then each fsync, waits for an unreachable store before"
+    " failing (an fsync with EIO; commits resume when the store is back)"
 )
 
 
