@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
     p.add_argument("mountpoint", help="an empty directory outside the store")
-    # fsyncs ride out an outage
+    # A longer default than a command's: the mount's fsyncs ride out an outage.
     add_unlock_options(p, store_timeout=DEFAULT_STORE_TIMEOUT, timeout_help=MOUNT_TIMEOUT_HELP)
     add_cache_options(p)
     p.add_argument(

@@ -163,11 +163,7 @@ class Committer:
 
     def has_work(self, besides: ops.Op | None = None) -> bool:
         """Whether records or dirty bytes wait for a commit (besides that one record)."""
-        if self._files.has_dirty():
-            return True
-        return (
-            bool(self.pending) if besides is None else any(op is not besides for op in self.pending)
-        )
+        return self._files.has_dirty() or any(op is not besides for op in self.pending)
 
     def kick(self) -> None:
         self._wake.set()
