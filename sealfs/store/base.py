@@ -131,6 +131,15 @@ def request_counts(store: object) -> dict[str, int] | None:
     return counts
 
 
+def is_stale_temp(mtime: float, now: float, age: float) -> bool:
+    """Whether a temp file dated mtime was left by a crash: dated more than age from now.
+
+    Either way: a writer's temp file lives for one write, so it is dated about now,
+    whichever way the clock was stepped since earlier ones were written.
+    """
+    return abs(now - mtime) > age
+
+
 def remove_crash_leftovers(store: object, older_than: float) -> int:
     """Remove what crashed writers left in store (or the store it wraps); how many went.
 

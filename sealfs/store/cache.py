@@ -34,6 +34,7 @@ from sealfs.errors import ConfigError, FormatError, IntegrityError
 from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
+    is_stale_temp,
     remove_crash_leftovers,
     request_counts,
     validate_name,
@@ -101,7 +102,7 @@ class CachingStore:
     def _rebuild(self) -> None:
         """Index the files already in the cache, least recently used (oldest mtime) first."""
         found: list[tuple[float, str, int]] = []
-        cutoff = time.time() - _STALE_TEMP_AGE
+        now = time.time()
         root = self.cache_dir / CACHED_PREFIX.rstrip("/")
         for dirpath, _dirs, files in os.walk(root):
             for file in files:
@@ -109,7 +110,7 @@ class CachingStore:
                 try:
                     st = path.lstat()
                     if file.startswith(TEMP_PREFIX):
-                        if st.st_mtime < cutoff:
+                        if is_stale_temp(st.st_mtime, now, _STALE_TEMP_AGE):
                             path.unlink()  # left by a crash
                         continue
                 except OSError:

@@ -40,7 +40,13 @@ from sealfs.errors import (
     SyncFailedError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, content_etag, validate_name, validate_prefix
+from sealfs.store.base import (
+    ObjectInfo,
+    content_etag,
+    is_stale_temp,
+    validate_name,
+    validate_prefix,
+)
 from sealfs.store.direct import DirectIOUnsupported, open_direct, write_direct
 
 log = logging.getLogger("sealfs.store")
@@ -545,13 +551,16 @@ class LocalStore:
             os.close(fd)
 
     def remove_crash_leftovers(self, older_than: float) -> int:
-        """Remove temp files left by a crash that are older than older_than seconds.
+        """Remove temp files left by a crash: dated more than older_than seconds from now.
 
         Returns how many were removed. Younger ones may belong to a live writer.
+        One dated that far in the future is a leftover too: it was written before
+        the clock was set back (a VM that booted with its clock ahead, then NTP),
+        and would otherwise stay until the clock caught up, years for a bad clock.
         Looks in the root and the directories named as objects are, on the root's
         file system only: nothing else under the root is the store's.
         """
-        cutoff = time.time() - older_than
+        now = time.time()
         removed = 0
         try:
             device = os.stat(self.root).st_dev  # the root may be a symlink to the store
@@ -565,15 +574,15 @@ class LocalStore:
                 d for d in dirs if _is_object_name(d) and _same_device(Path(dirpath) / d, device)
             ]
             for file in files:
-                if file.startswith(TEMP_PREFIX) and self._remove_if_older(
-                    Path(dirpath) / file, cutoff
+                if file.startswith(TEMP_PREFIX) and self._remove_if_stale(
+                    Path(dirpath) / file, now, older_than
                 ):
                     removed += 1
         return removed
 
-    def _remove_if_older(self, path: Path, cutoff: float) -> bool:
+    def _remove_if_stale(self, path: Path, now: float, older_than: float) -> bool:
         try:
-            if path.lstat().st_mtime >= cutoff:
+            if not is_stale_temp(path.lstat().st_mtime, now, older_than):
                 return False
             path.unlink()
         except FileNotFoundError:

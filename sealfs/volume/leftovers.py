@@ -18,7 +18,8 @@ from sealfs.store.base import ObjectStore, remove_crash_leftovers
 log = logging.getLogger(__name__)
 
 # Older than any object write in progress: a younger temp file may be this mount's
-# own, or that of a `sealfs key` command replacing the header right now.
+# own, or that of a `sealfs key` command replacing the header right now. A temp file
+# dated as far in the future is a leftover too, from before the clock was set back.
 LEFTOVER_AGE = 3600.0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,24 @@ def test_index_is_rebuilt_on_start_in_mtime_order(tmp_path: Path) -> None:
     kept = {n for n in cached_files(reopened.cache_dir) if ".tmp-" not in n}
     assert kept == {"c/00/0", "c/00/1"}
     assert reopened.get("c/00/0") == bytes(100)
+    assert memory.counts["get"] == 0
+
+
+def test_rebuild_removes_temp_files_dated_far_from_now_either_way(tmp_path: Path) -> None:
+    """Regression: a temp file a crash left while the clock ran ahead (dated in the
+    future once the clock was set back) stayed in the cache until the clock caught up."""
+    store, memory = make(tmp_path)
+    store.put("c/00/x", bytes(10))
+    directory = tmp_path / "cache" / "c" / "00"
+    now = time.time()
+    stamps = {"ahead": now + 86400, "behind": now - 7200, "near": now + 600, "recent": now - 600}
+    for label, stamp in stamps.items():
+        path = directory / f".tmp-{label}"
+        path.write_bytes(b"half")
+        os.utime(path, (stamp, stamp))
+    reopened = CachingStore(memory, tmp_path / "cache", max_bytes=1 << 20)
+    assert sorted(p.name for p in directory.glob(".tmp-*")) == [".tmp-near", ".tmp-recent"]
+    assert reopened.get("c/00/x") == bytes(10)
     assert memory.counts["get"] == 0
 
 

@@ -85,6 +85,31 @@ def test_leftover_temp_files_are_ignored_and_cleaned(tmp_path: Path) -> None:
     assert store.get("c/ab/x") == b"x"
 
 
+def test_a_leftover_dated_in_the_future_is_removed_too(tmp_path: Path) -> None:
+    """Regression: only temp files dated more than an hour in the past were removed. One
+    a crash left while the clock ran ahead (a VM booted with a wrong clock, then set back
+    by NTP) is dated in the future, and stayed until the clock caught up: for ever, after
+    a clock years ahead. No live writer's temp file is dated an hour ahead either."""
+    store = LocalStore(tmp_path)
+    store.put("c/ab/x", b"x")
+    now = time.time()
+    ahead = {
+        tmp_path / "c" / "ab" / f"{TEMP_PREFIX}written-a-day-ahead": now + 86400,
+        tmp_path / "c" / "ab" / f"{TEMP_PREFIX}written-years-ahead": now + 10 * 365 * 86400,
+    }
+    near = {
+        tmp_path / "c" / "ab" / f"{TEMP_PREFIX}in-flight-minutes-ahead": now + 600,
+        tmp_path / "c" / "ab" / f"{TEMP_PREFIX}in-flight-minutes-ago": now - 600,
+    }
+    for path, stamp in {**ahead, **near}.items():
+        path.write_bytes(b"half")
+        os.utime(path, (stamp, stamp))
+    assert store.remove_crash_leftovers(3600) == 2
+    assert not any(path.exists() for path in ahead)
+    assert all(path.exists() for path in near)
+    assert store.get("c/ab/x") == b"x"
+
+
 def test_crash_leftovers_are_looked_for_only_where_objects_are_written(tmp_path: Path) -> None:
     """Regression: the sweep walked every directory under the root, into other file
     systems too, and removed any old ".tmp-*" file there: a user's file in a plaintext
