@@ -18,6 +18,7 @@ from typing import Literal, TypeVar, get_args
 
 from sealfs.errors import (
     NoSpaceError,
+    StoreError,
     StoreUnavailableError,
     SyncFailedError,
     TransientStoreError,
@@ -27,11 +28,20 @@ from sealfs.store.base import ObjectInfo, ObjectStore, remove_crash_leftovers, r
 T = TypeVar("T")
 
 Fault = Literal[
-    "transient", "transient_after", "unavailable", "nospace", "corrupt", "drop", "flush_failed"
+    "transient",
+    "transient_after",
+    "unavailable",
+    "nospace",
+    "failed",
+    "corrupt",
+    "drop",
+    "flush_failed",
 ]
 """transient: raise TransientStoreError without calling the inner store.
 transient_after: call the inner store (the request took effect), then raise TransientStoreError.
 unavailable: raise StoreUnavailableError. nospace: raise NoSpaceError.
+failed: raise StoreError, a failure that is not retried (a local store refusing a write:
+EACCES, EPERM, EROFS, EIO).
 corrupt: get returns the object with one byte flipped.
 drop: a write (put, put_if_absent, put_if_match, delete) returns success but does nothing.
 flush_failed: sync raises SyncFailedError (the disk failed to write back what was put)."""
@@ -145,6 +155,8 @@ class FaultyStore:
             raise StoreUnavailableError(f"injected fault: store unreachable: {what}")
         if fault == "nospace":
             raise NoSpaceError(f"injected fault: store disk full: {what}")
+        if fault == "failed":
+            raise StoreError(f"injected fault: request refused: {what}")
         if fault == "flush_failed":
             raise SyncFailedError(f"injected fault: flush failed: {what}")
         result = call()

@@ -31,7 +31,7 @@ from sealfs.errors import (
     IntegrityError,
     NoSpaceError,
     SealfsError,
-    StoreUnavailableError,
+    TransientStoreError,
     WriterStoppedError,
 )
 from sealfs.keys.header import decode_header, verify_header_mac
@@ -50,8 +50,6 @@ from sealfs.volume.rekey import Rekeyer
 
 log = logging.getLogger("sealfs.volume")
 
-# Early-flush failures that end the wait of writers blocked at max_buffered.
-_GIVEN_UP = (NoSpaceError, StoreUnavailableError)
 
 NAME_MAX = 255
 XATTR_NAME_MAX = 255
@@ -627,10 +625,12 @@ class Volume:
 
         A failure is retried, as the commit loop retries: writers blocked at
         max_buffered wait for this, and the commit loop may not run for a whole
-        interval. Once a flush fails on a full disk (ENOSPC), or on a store that
-        stayed unreachable for --store-timeout (EIO, as an fsync gets), they get
-        the error instead: neither clears soon, and a write blocked in the kernel
-        cannot even be killed. A transient failure is retried while they wait.
+        interval. Once a flush fails on a full disk (ENOSPC), on a store that
+        stayed unreachable for --store-timeout or refuses the write (EIO, as an
+        fsync gets), they get the error instead: none clears soon, and a write
+        blocked in the kernel cannot even be killed. A transient failure is
+        retried while they wait; every failed flush is retried, and the first
+        that succeeds lets writers in again.
         Once the writer has stopped (fenced, or its store failed to
         flush) nothing will be committed: the stop wakes the blocked writers,
         which fail with EROFS.
@@ -648,7 +648,7 @@ class Volume:
                     return
                 except SealfsError as exc:
                     self._flush_log.failed(exc)
-                    if self._flush_errno is None and isinstance(exc, _GIVEN_UP):
+                    if self._flush_errno is None and _gives_up(exc):
                         self._flush_errno = (
                             errno.ENOSPC if isinstance(exc, NoSpaceError) else errno.EIO
                         )
@@ -802,6 +802,18 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _gives_up(exc: SealfsError) -> bool:
+    """Whether an early flush's failure ends the wait of writers blocked at max_buffered.
+
+    Every failure but a transient one (which the store retries up to --store-timeout,
+    raising StoreUnavailableError then), as each fails an fsync at once too: a full
+    disk, or a store that refuses the write (a local one: EACCES, EPERM, EROFS, EIO).
+    Waiting on those held the writer in the kernel, unkillable, for as long as the
+    store kept refusing.
+    """
+    return not isinstance(exc, TransientStoreError)
 
 
 def _names_size(xattrs: Mapping[bytes, bytes]) -> int:

@@ -605,7 +605,8 @@ async def test_a_commit_failing_again_and_again_logs_once_and_once_more_when_it_
 
 
 @pytest.mark.parametrize(
-    ("fault", "expected"), [("nospace", errno.ENOSPC), ("unavailable", errno.EIO)]
+    ("fault", "expected"),
+    [("nospace", errno.ENOSPC), ("unavailable", errno.EIO), ("failed", errno.EIO)],
 )
 async def test_writers_past_max_buffered_fail_once_early_flushes_are_given_up(
     faulty: FaultyStore, fault: str, expected: int
@@ -614,7 +615,11 @@ async def test_writers_past_max_buffered_fail_once_early_flushes_are_given_up(
     disk, or a store unreachable past --store-timeout, failed every second, forever: the
     writing process hung in the kernel, unkillable even by SIGKILL. Now the write past the
     limit fails with ENOSPC (EIO, as an fsync then does), and what was accepted is
-    committed once the store takes it."""
+    committed once the store takes it.
+
+    Regression too: a store error that is not retried at all (a local store refusing
+    writes: EACCES, EPERM, EROFS, EIO) fails an fsync with EIO at once, yet left writers
+    past max_buffered blocked, unkillable, for as long as the store kept refusing."""
     faulty.add_rule("put", "c/", fault)
     blob = os.urandom(64 << 10)
     async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
