@@ -185,3 +185,16 @@ def crashable_disk(tmp_path: Path) -> Iterator[CrashableDisk]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def assert_owner_only_under(parent: Path, root: str) -> None:
+    """parent/root holds c/ab/x, made under umask 0: the directories above root as
+    mkdir -p makes them, root's own directories 0700, the object 0600."""
+
+    def mode(path: Path) -> int:
+        return path.stat().st_mode & 0o777
+
+    assert mode(parent) == 0o777
+    made = [parent / root, parent / root / "c", parent / root / "c" / "ab"]
+    assert [mode(path) for path in made] == [0o700] * 3
+    assert mode(parent / root / "c" / "ab" / "x") == 0o600

@@ -13,6 +13,7 @@ import pytest
 from sealfs.errors import ConfigError, ObjectNotFoundError
 from sealfs.store.cache import CachingStore
 from sealfs.store.memory import MemoryStore
+from tests.store.conftest import assert_owner_only_under
 
 
 def cached_files(cache_dir: Path) -> dict[str, int]:
@@ -223,11 +224,4 @@ def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
     finally:
         os.umask(old)
 
-    def mode(path: Path) -> int:
-        return path.stat().st_mode & 0o777
-
-    assert mode(tmp_path / "parent") == 0o777  # above the cache: made as mkdir -p makes it
-    assert [mode(tmp_path / "parent" / p) for p in ("cache", "cache/c", "cache/c/ab")] == [
-        0o700
-    ] * 3
-    assert mode(tmp_path / "parent/cache/c/ab/x") == 0o600
+    assert_owner_only_under(tmp_path / "parent", "cache")

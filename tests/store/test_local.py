@@ -26,7 +26,7 @@ from sealfs.errors import (
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
 from tests.prereq import require
-from tests.store.conftest import CrashableDisk, mounted_tmpfs
+from tests.store.conftest import CrashableDisk, assert_owner_only_under, mounted_tmpfs
 
 
 def _temp_files(root: Path) -> list[Path]:
@@ -540,14 +540,7 @@ def test_the_store_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
     finally:
         os.umask(old)
 
-    def mode(path: Path) -> int:
-        return path.stat().st_mode & 0o777
-
-    assert mode(tmp_path / "parent") == 0o777  # above the store: made as mkdir -p makes it
-    assert [mode(tmp_path / "parent" / p) for p in ("store", "store/c", "store/c/ab")] == [
-        0o700
-    ] * 3
-    assert mode(tmp_path / "parent/store/c/ab/x") == 0o600
+    assert_owner_only_under(tmp_path / "parent", "store")
 
 
 def test_a_store_this_user_may_not_write_names_the_fix(tmp_path: Path) -> None:
