@@ -163,8 +163,10 @@ class Volume:
             if self.commits.has_work(besides=release):
                 raise
             self.read_only = True
-            if isinstance(exc, WriterStoppedError):
+            if isinstance(exc, FencedError):
                 return  # taken over, said when it was found: the release is not ours to write
+            # A store that failed to flush stopped this writer too, but no other holds the
+            # volume: the release is still ours, and a mount elsewhere needs --takeover.
             # Reporting it as lost data (as a failed final commit is) alarmed for nothing.
             log.warning(
                 "could not record at unmount that this mount stopped writing: %s. Nothing"

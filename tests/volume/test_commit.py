@@ -515,6 +515,23 @@ async def test_a_fenced_mount_with_nothing_left_unmounts_quietly(
     assert state.writer is not None and state.writer.mount_id == other.writer.mount_id  # type: ignore[union-attr]
 
 
+async def test_a_store_failing_to_flush_the_release_still_says_takeover_is_needed(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that failed to flush stops the writer as a fenced one is stopped, but no
+    other writer holds the volume: the release it could not commit is still its own, and
+    a mount on another host needs --takeover. Unmounting said nothing about it, as if
+    taken over."""
+    async with mounted(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"f", b"x")
+        await v.fsync()
+        faulty.fail_next("sync", "", "flush_failed")
+    assert v.read_only and isinstance(v.commits.stopped, SyncFailedError)
+    assert "--takeover" in caplog.text
+    state = load(faulty.inner)
+    assert state.writer is not None and not state.writer.released
+
+
 async def test_fenced_background_loop_stops(volume_store: MemoryStore) -> None:
     with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
         async with mounted(volume_store, commit_interval=0.01) as v:
