@@ -368,6 +368,47 @@ async def test_a_final_commit_failing_after_a_failed_commit_in_flight_is_an_erro
     assert volume is not None and volume.read_only is False  # still holds g's bytes to commit
 
 
+async def test_a_final_commit_failing_with_early_flushed_records_left_is_an_error(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records an early flush queued (its chunks uploaded, no segment yet) are data the
+    failed final commit carried: not the release alone."""
+    volume = None
+    failure: BaseExceptionGroup[BaseException] | None = None
+    try:
+        async with mounted(faulty, **PRESSURE) as volume:  # type: ignore[arg-type]
+            faulty.add_rule("put_if_absent", "l/", "unavailable")  # every segment fails
+            fh, _ = await volume.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+            for k in range(12):
+                await volume.write(fh, k << 16, os.urandom(64 << 10))
+            await wait_until(lambda: len(volume.commits.pending) > 2)  # type: ignore[union-attr]
+            await volume.release(fh)
+    except BaseExceptionGroup as group:
+        failure = group
+    assert failure is not None and failure.split(StoreError)[0] is not None
+    assert "Nothing is lost" not in caplog.text
+    assert volume is not None and volume.read_only is False
+
+
+async def test_a_lost_reply_republished_then_a_failed_release_loses_nothing(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A segment create whose reply was lost is published again first by the final
+    commit; once it is, only the release is left when the release's own segment fails."""
+    async with mounted(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        f = await mkfile(v, ROOT_INO, b"a", b"A")
+        gen = v.commits.generation
+        faulty.fail_next("put_if_absent", "l/", "transient_after")  # landed, reply lost
+        with contextlib.suppress(StoreError):
+            await v.fsync()
+        faulty.add_rule("put_if_absent", segment_name(gen + 2), "unavailable")
+    assert v.read_only
+    assert "Nothing is lost" in caplog.text
+    state = load(faulty.inner)
+    assert state.generation == gen + 1 and f in state.inodes
+    assert state.writer is not None and not state.writer.released
+
+
 async def test_every_waiter_of_a_failed_commit_sees_the_error(faulty: FaultyStore) -> None:
     async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
         await mkfile(v, ROOT_INO, b"f", b"x")
