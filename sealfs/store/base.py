@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,13 +132,14 @@ def request_counts(store: object) -> dict[str, int] | None:
     return counts
 
 
-def is_stale_temp(mtime: float, now: float, age: float) -> bool:
+def is_stale_temp(mtime: float, age: float) -> bool:
     """Whether a temp file dated mtime was left by a crash: dated more than age from now.
 
     Either way: a writer's temp file lives for one write, so it is dated about now,
-    whichever way the clock was stepped since earlier ones were written.
+    whichever way the clock was stepped since earlier ones were written. Now is read
+    for each file, not once per sweep: a file made during a long sweep is not "ahead".
     """
-    return abs(now - mtime) > age
+    return abs(time.time() - mtime) > age
 
 
 def remove_crash_leftovers(store: object, older_than: float) -> int:

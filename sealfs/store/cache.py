@@ -102,7 +102,6 @@ class CachingStore:
     def _rebuild(self) -> None:
         """Index the files already in the cache, least recently used (oldest mtime) first."""
         found: list[tuple[float, str, int]] = []
-        now = time.time()
         root = self.cache_dir / CACHED_PREFIX.rstrip("/")
         for dirpath, _dirs, files in os.walk(root):
             for file in files:
@@ -110,7 +109,7 @@ class CachingStore:
                 try:
                     st = path.lstat()
                     if file.startswith(TEMP_PREFIX):
-                        if is_stale_temp(st.st_mtime, now, _STALE_TEMP_AGE):
+                        if is_stale_temp(st.st_mtime, _STALE_TEMP_AGE):
                             path.unlink()  # left by a crash
                         continue
                 except OSError:

@@ -25,7 +25,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -560,7 +559,6 @@ class LocalStore:
         Looks in the root and the directories named as objects are, on the root's
         file system only: nothing else under the root is the store's.
         """
-        now = time.time()
         removed = 0
         try:
             device = os.stat(self.root).st_dev  # the root may be a symlink to the store
@@ -575,14 +573,14 @@ class LocalStore:
             ]
             for file in files:
                 if file.startswith(TEMP_PREFIX) and self._remove_if_stale(
-                    Path(dirpath) / file, now, older_than
+                    Path(dirpath) / file, older_than
                 ):
                     removed += 1
         return removed
 
-    def _remove_if_stale(self, path: Path, now: float, older_than: float) -> bool:
+    def _remove_if_stale(self, path: Path, older_than: float) -> bool:
         try:
-            if not is_stale_temp(path.lstat().st_mtime, now, older_than):
+            if not is_stale_temp(path.lstat().st_mtime, older_than):
                 return False
             path.unlink()
         except FileNotFoundError:
