@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import socket
 import sys
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     unlocked = unlock_header(args, version.data)
     loaded = load_unlocked(store, unlocked)
     mountpoint = _live_mountpoint(loaded)
+    if mountpoint is not None:
+        _check_daemon_takes_keys(mountpoint)  # before the header changes
     header = unlocked.header
     if header.retired is None:
         with kms_clients(args) as clients:
@@ -193,6 +196,42 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
     raise WriterConflictError(
         f"volume is mounted read-write by pid {w.pid} on this host, but none of this"
         " namespace's sealfs mounts is it: run 'sealfs rekey' where it is mounted"
+    )
+
+
+def _check_daemon_takes_keys(mountpoint: str) -> None:
+    """Raise ConfigError unless the daemon of mountpoint can be handed a new key.
+
+    A daemon started by a build older than rekeying on a mount (sealfs upgraded under a
+    running mount) takes the root's rekey attribute for an ordinary one: it stored the
+    new master key in the volume's metadata, where anyone who can read the mount's root
+    reads it, started no rekey, and this command waited for one forever. An empty value
+    tells them apart before anything is written: a daemon that knows the request refuses
+    it (EINVAL), an older one stores it, and is asked to drop it again.
+    """
+    name = REKEY_XATTR.decode()
+    try:
+        os.setxattr(mountpoint, name, b"")
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return
+        if exc.errno == errno.EROFS:
+            raise ConfigError(
+                f"{mountpoint} takes no new key: its daemon stopped committing or is read-only"
+                f" (see 'sealfs status {mountpoint}'); nothing was changed"
+            ) from None
+        raise ConfigError(
+            f"{mountpoint} refused the new key ({exc.strerror}); nothing was changed"
+        ) from None
+    try:
+        os.removexattr(mountpoint, name)
+    except OSError as exc:
+        print(f"sealfs: could not remove the probe attribute {name} from {mountpoint}:"
+              f" {exc.strerror}", file=sys.stderr)  # fmt: skip
+    raise ConfigError(
+        f"the daemon of {mountpoint} is older than rekeying on a mount and cannot take the new"
+        f" key: unmount it ('sealfs umount {mountpoint}'), run 'sealfs rekey' again, then mount"
+        " it with this version; nothing was changed"
     )
 
 

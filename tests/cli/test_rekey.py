@@ -17,9 +17,14 @@ from pathlib import Path
 
 from sealfs.keys.header import decode_header
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, python_for_others, sealfs
+from tests.mounts import CHEAP_KDF, VolumeEnv, python_for_others, sealfs
+from tests.prereq import require
 
 CONFIG_ERROR = 2
+REPO = Path(__file__).resolve().parents[2]
+# The last build whose daemon did not know the root's rekey attribute (4c543e9 "Rekey
+# engine: ..."; the next commit taught the daemon and added `sealfs rekey`).
+BEFORE_MOUNTED_REKEY = "4c543e9b7ebb5d4238bf7cd00eab30e49f5aeb40"
 
 
 def epochs(store: Path) -> dict[str, int]:
@@ -285,3 +290,58 @@ def test_mounted_rekey_stops_on_a_damaged_object_and_resumes_after_a_repair(
         volume_env.umount()
     assert set(epochs(volume_env.store).values()) == {1}
     assert header(volume_env.store).retired is None  # type: ignore[attr-defined]
+
+
+def old_build(commit: str, into: Path) -> Path:
+    """The sealfs package of an earlier commit of this repository, extracted under into;
+    run its CLI with cwd set to the returned directory (`python -m` puts it first)."""
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    require(found.returncode == 0, f"needs the repository's history (commit {commit[:7]})")
+    into.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit, "sealfs"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def test_rekey_refuses_a_daemon_older_than_mounted_rekey(tmp_path: Path) -> None:
+    """sealfs upgraded under a running mount: the old daemon took the rekey attribute for
+    an ordinary one, kept the new master key as an xattr of the root (readable through
+    the mount) and started nothing, while `sealfs rekey` waited forever. Now it is told
+    so before the header changes, and the rekey works once the volume is unmounted."""
+    old = old_build(BEFORE_MOUNTED_REKEY, tmp_path / "old")
+    env = VolumeEnv(tmp_path / "volume")
+    try:
+        _rekey_with_an_old_daemon(env, old)
+    finally:
+        leaked = env.cleanup()
+    assert not leaked, "the test left a mount or a daemon behind"
+
+
+def _rekey_with_an_old_daemon(env: VolumeEnv, old: Path) -> None:
+    """The old build mounts; this one's rekey is refused, then runs once unmounted."""
+    secrets = ["--passphrase-file", str(env.passfile)]
+    secrets += ["--recovery-key-file", str(env.recovery_file)]
+    sealfs("init", str(env.store), *secrets, *CHEAP_KDF, check=True, cwd=old)
+    result = sealfs(*env.mount_args(), cwd=old)
+    assert result.returncode == 0, result.stderr + env.log_text()
+    (env.mnt / "f").write_bytes(b"kept")
+    before = (env.store / "sealfs.vol").read_bytes()
+
+    line = one_line(rekey(env, "--drop-slot", "1", timeout=60), CONFIG_ERROR)
+    assert "is older than rekeying on a mount" in line and "sealfs umount" in line
+    assert (env.store / "sealfs.vol").read_bytes() == before  # no new key epoch
+    assert os.listxattr(env.mnt) == []  # neither the key nor the probe stays there
+    assert env.status()["key_epoch"] == 0
+    env.umount()
+
+    result = rekey(env, "--drop-slot", "1")
+    assert result.returncode == 0, result.stderr
+    env.mount()
+    assert (env.mnt / "f").read_bytes() == b"kept"
+    assert env.status()["key_epoch"] == 1
+    env.umount()
