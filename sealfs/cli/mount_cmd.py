@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pwd
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -324,8 +325,32 @@ def run_sync(args: argparse.Namespace) -> int:
 
 def _daemon_log(status: dict[str, object]) -> str:
     """Where the daemon's log lines are, as the failure messages name it."""
-    log_file = status.get("log_file")
+    log_file = daemon_log_file(status)
+    if log_file is None:
+        return "the daemon's log file (its daemon, of an older sealfs, does not say which)"
     return f"the daemon log {log_file}" if log_file else "the daemon's stderr"
+
+
+def daemon_log_file(status: dict[str, object]) -> str | None:
+    """The log file of the daemon whose live status this is: "" if it logs to its
+    stderr (--foreground), None if that cannot be told.
+
+    A daemon started by a build older than the status's log_file (sealfs upgraded
+    under a running mount) sends none, which read as --foreground: its stderr is the
+    log file it was started with, which /proc shows its owner (and root).
+    """
+    if "log_file" in status:
+        return str(status["log_file"] or "")
+    try:
+        target = os.readlink(f"/proc/{int(str(status['pid']))}/fd/2")
+    except (KeyError, ValueError, OSError):
+        return None
+    if not target.startswith("/") or target.endswith(" (deleted)"):
+        return None  # a pipe or socket: not a file to point to
+    try:
+        return target if stat.S_ISREG(os.stat(target).st_mode) else ""  # a terminal: stderr
+    except OSError:
+        return None
 
 
 def run_umount(args: argparse.Namespace) -> int:

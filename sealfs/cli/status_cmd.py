@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.mount_cmd import mounted_status
+from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
@@ -118,7 +118,9 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         mode = "read-only" if s["read_only"] else "read-write"
         state = ", FENCED" if s["fenced"] else ", STOPPED" if s.get("stopped") else ""
         rows.append(("daemon", f"pid {s['pid']}, {mode}{state}"))
-        rows.append(("daemon log", s.get("log_file") or "its stderr (--foreground)"))
+        log_file = daemon_log_file(s)
+        where = "not known (a daemon of an older sealfs)" if log_file is None else log_file
+        rows.append(("daemon log", where or "its stderr (--foreground)"))
         if s.get("stopped") and not s["fenced"]:
             rows.append(("stopped", str(s["stopped"])))
     return rows

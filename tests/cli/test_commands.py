@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from sealfs.cli.mount_cmd import _daemon_log
+from sealfs.cli.status_cmd import _rows
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 
 pytestmark = pytest.mark.fuse
@@ -522,3 +524,39 @@ def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
         assert not (env.mnt / "late").exists()
     finally:
         env.umount()
+
+
+# What a daemon of a build before the status's log_file (f64f767) answers; a daemon
+# started before an upgrade keeps answering so after it.
+OLD_DAEMON_STATUS: dict[str, Any] = {
+    "volume_id": "07efe4e01647d87dda5c375bd23c77e8", "store": "local store at /srv/store",
+    "generation": 2, "last_commit_ns": 1796060118653058754, "pending_bytes": 3588901,
+    "pending_records": 15, "files": 3, "inodes": 6, "logical_bytes": 3588901,
+    "unique_bytes": 0, "stored_bytes": 0, "chunks": 0, "memory_cache_bytes": 0,
+    "disk_cache_bytes": None, "store_requests": None, "read_only": False, "fenced": False,
+    "commit_interval": 1.0, "key_epoch": 0, "rekey": None,
+}  # fmt: skip
+
+
+def test_an_older_daemon_s_log_file_is_named_not_taken_for_stderr(tmp_path: Path) -> None:
+    """Its status sends no log_file: status said it logged to its stderr (--foreground)
+    and a failed sync pointed there, while it wrote to its log file. That file is its
+    stderr, as daemonised; a daemon whose stderr is no file is not known."""
+    log = tmp_path / "daemon.log"
+    with log.open("ab") as f, subprocess.Popen(["sleep", "60"], stderr=f) as daemon:
+        try:
+            status = OLD_DAEMON_STATUS | {"pid": daemon.pid}
+            assert dict(_rows(status))["daemon log"] == str(log)
+            assert _daemon_log(status) == f"the daemon log {log}"
+        finally:
+            daemon.kill()
+    with subprocess.Popen(["sleep", "60"], stderr=subprocess.PIPE) as daemon:
+        try:
+            status = OLD_DAEMON_STATUS | {"pid": daemon.pid}
+            assert "older sealfs" in dict(_rows(status))["daemon log"]
+            assert "older sealfs" in _daemon_log(status)
+        finally:
+            daemon.kill()
+    foreground = OLD_DAEMON_STATUS | {"pid": os.getpid(), "log_file": None}  # a new daemon
+    assert dict(_rows(foreground))["daemon log"] == "its stderr (--foreground)"
+    assert _daemon_log(foreground) == "the daemon's stderr"
