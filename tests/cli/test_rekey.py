@@ -15,16 +15,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from sealfs.cli.rekey_cmd import _check_daemon_takes_keys
+from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import CHEAP_KDF, VolumeEnv, python_for_others, sealfs
-from tests.prereq import require
+from tests.mounts import VolumeEnv, python_for_others, sealfs
 
 CONFIG_ERROR = 2
-REPO = Path(__file__).resolve().parents[2]
-# The last build whose daemon did not know the root's rekey attribute (4c543e9 "Rekey
-# engine: ..."; the next commit taught the daemon and added `sealfs rekey`).
-BEFORE_MOUNTED_REKEY = "4c543e9b7ebb5d4238bf7cd00eab30e49f5aeb40"
 
 
 def epochs(store: Path) -> dict[str, int]:
@@ -292,56 +291,22 @@ def test_mounted_rekey_stops_on_a_damaged_object_and_resumes_after_a_repair(
     assert header(volume_env.store).retired is None  # type: ignore[attr-defined]
 
 
-def old_build(commit: str, into: Path) -> Path:
-    """The sealfs package of an earlier commit of this repository, extracted under into;
-    run its CLI with cwd set to the returned directory (`python -m` puts it first)."""
-    found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
-        capture_output=True, check=False,
-    )  # fmt: skip
-    require(found.returncode == 0, f"needs the repository's history (commit {commit[:7]})")
-    into.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", commit, "sealfs"], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
-
-
-def test_rekey_refuses_a_daemon_older_than_mounted_rekey(tmp_path: Path) -> None:
-    """sealfs upgraded under a running mount: the old daemon took the rekey attribute for
-    an ordinary one, kept the new master key as an xattr of the root (readable through
-    the mount) and started nothing, while `sealfs rekey` waited forever. Now it is told
-    so before the header changes, and the rekey works once the volume is unmounted."""
-    old = old_build(BEFORE_MOUNTED_REKEY, tmp_path / "old")
-    env = VolumeEnv(tmp_path / "volume")
+def test_the_key_probe_tells_a_daemon_that_keeps_the_attribute(volume_env: VolumeEnv) -> None:
+    """sealfs upgraded under a running mount: a daemon older than rekeying on a mount
+    kept the rekey attribute as an ordinary xattr of the root, holding the new master
+    key (readable through the mount, logged under the key being retired), and started
+    nothing, while `sealfs rekey` waited forever. The probe runs before the header
+    changes. A directory of a live mount keeps user xattrs as such a daemon's root did;
+    this build's root refuses the empty probe."""
+    volume_env.mount()
     try:
-        _rekey_with_an_old_daemon(env, old)
+        old_root = volume_env.mnt / "d"
+        old_root.mkdir()
+        with pytest.raises(ConfigError, match="is older than rekeying on a mount") as info:
+            _check_daemon_takes_keys(str(old_root))
+        assert "sealfs umount" in str(info.value) and "nothing was changed" in str(info.value)
+        assert os.listxattr(old_root) == []  # the probe does not stay behind
+        _check_daemon_takes_keys(str(volume_env.mnt))  # this build's daemon: no error
+        assert os.listxattr(volume_env.mnt) == []
     finally:
-        leaked = env.cleanup()
-    assert not leaked, "the test left a mount or a daemon behind"
-
-
-def _rekey_with_an_old_daemon(env: VolumeEnv, old: Path) -> None:
-    """The old build mounts; this one's rekey is refused, then runs once unmounted."""
-    secrets = ["--passphrase-file", str(env.passfile)]
-    secrets += ["--recovery-key-file", str(env.recovery_file)]
-    sealfs("init", str(env.store), *secrets, *CHEAP_KDF, check=True, cwd=old)
-    result = sealfs(*env.mount_args(), cwd=old)
-    assert result.returncode == 0, result.stderr + env.log_text()
-    (env.mnt / "f").write_bytes(b"kept")
-    before = (env.store / "sealfs.vol").read_bytes()
-
-    line = one_line(rekey(env, "--drop-slot", "1", timeout=60), CONFIG_ERROR)
-    assert "is older than rekeying on a mount" in line and "sealfs umount" in line
-    assert (env.store / "sealfs.vol").read_bytes() == before  # no new key epoch
-    assert os.listxattr(env.mnt) == []  # neither the key nor the probe stays there
-    assert env.status()["key_epoch"] == 0
-    env.umount()
-
-    result = rekey(env, "--drop-slot", "1")
-    assert result.returncode == 0, result.stderr
-    env.mount()
-    assert (env.mnt / "f").read_bytes() == b"kept"
-    assert env.status()["key_epoch"] == 1
-    env.umount()
+        volume_env.umount()
