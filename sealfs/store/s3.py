@@ -65,6 +65,7 @@ _TRANSIENT_CODES = frozenset({
     "TooManyRequestsException", "BandwidthLimitExceeded", "OperationAborted",
     "ConditionalRequestConflict", "PriorRequestNotComplete", "RequestTimeoutException",
     "InternalServerError", "BadGateway", "GatewayTimeout", "500", "502", "503", "504",
+    "IncompleteBody",  # 400: the request's body was cut short in transit
 })  # fmt: skip
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -338,19 +339,21 @@ class S3Store:
             return StoreError(
                 f"{what}: request signature rejected: check the secret access key and the region"
             )
+        # Codes sent with 403 (RequestTimeTooSkewed; ExpiredToken, from some services)
+        # are judged before that status: it stands for AccessDenied, a policy's fix.
+        if code == "RequestTimeTooSkewed":
+            return StoreError(f"{what}: this host's clock is off: synchronise it (NTP)")
+        if code in _EXPIRED_CODES:
+            return StoreError(f"{what}: the session token expired: refresh the credentials")
         if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
             return StoreError(
                 f"{what}: access denied: the credentials need s3:GetObject, s3:PutObject,"
                 f" s3:DeleteObject and s3:ListBucket on bucket {bucket}"
             )
-        if code in _EXPIRED_CODES:
-            return StoreError(f"{what}: the session token expired: refresh the credentials")
         if code in _REGION_CODES:
             return StoreError(
                 f"{what}: bucket {bucket} is in another region: set AWS_REGION to its region"
             )
-        if code == "RequestTimeTooSkewed":
-            return StoreError(f"{what}: this host's clock is off: synchronise it (NTP)")
         if code == "NotImplemented" or status == 501:
             return StoreError(
                 f"{what}: the service does not implement this request ({code or status});"

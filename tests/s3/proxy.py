@@ -12,6 +12,11 @@ On a seeded fraction of requests it fails the way networks and S3 fail:
 It can be closed (the port refuses connections and live connections are
 dropped) and reopened on the same port, and it can strip If-None-Match from
 requests to play a service that ignores conditional creates.
+
+Refusals, never in the default mix (set_faults(rate, [kind]) only): error
+documents S3 answers with that are not a server's trouble, or not only that:
+skewed (403 RequestTimeTooSkewed: this host's clock is off) and incomplete
+(400 IncompleteBody: the request's body was cut short in transit).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FAULTS = ("drop", "drop_after", "error_after", "500", "503", "slowdown", "delay", "cut")
+REFUSALS = ("skewed", "incomplete")
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
     "upgrade", "expect", "content-length",
@@ -36,6 +42,16 @@ ERROR_BODIES = {
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "ServiceUnavailable", "Please reduce your request rate."),
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
+    "skewed": (
+        403,
+        "RequestTimeTooSkewed",
+        "The difference between the request time and the current time is too large.",
+    ),
+    "incomplete": (
+        400,
+        "IncompleteBody",
+        "You did not provide the number of bytes specified by the Content-Length HTTP header",
+    ),
 }
 
 
@@ -101,7 +117,7 @@ class FaultProxy:
     ) -> None:
         """From now on fail this fraction of requests, picking among kinds."""
         kinds = tuple(kinds)
-        assert all(k in FAULTS for k in kinds), kinds
+        assert all(k in FAULTS + REFUSALS for k in kinds), kinds
         with self._lock:
             self.rate, self.kinds = rate, kinds
             self.methods = frozenset(methods) if methods is not None else None

@@ -107,6 +107,31 @@ def test_each_fault_is_transient(moto: str, bucket: str, proxy: FaultProxy, faul
         store.get("c/ab/x")
 
 
+def test_a_body_cut_short_in_transit_is_transient(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # S3 answers 400 IncompleteBody when fewer bytes arrive than Content-Length said:
+    # the connection's trouble, as a dropped one is. A permanent error failed the
+    # fsync, and writers waiting at max_buffered, at once with EIO.
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["incomplete"])
+    with pytest.raises(TransientStoreError, match="IncompleteBody"):
+        store.put("c/ab/x", os.urandom(4096))
+
+
+def test_a_clock_off_is_not_reported_as_access_denied(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # S3 sends RequestTimeTooSkewed with 403, the status of AccessDenied: the fix named
+    # was the bucket policy's, when the host's clock is what needs it.
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["skewed"])
+    with pytest.raises(StoreError, match=r"clock is off") as info:
+        store.put("c/ab/x", b"x")
+    assert "access denied" not in str(info.value)
+    assert not isinstance(info.value, TransientStoreError)
+
+
 def test_a_body_cut_half_way_is_never_returned(moto: str, bucket: str, proxy: FaultProxy) -> None:
     data = os.urandom(300_000)
     S3Store(bucket, "p", endpoint_url=moto).put("c/ab/x", data)
