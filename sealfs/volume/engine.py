@@ -654,6 +654,14 @@ class Volume:
                         self._flush_errno = (
                             errno.ENOSPC if isinstance(exc, NoSpaceError) else errno.EIO
                         )
+                        # Each time, not through the retry log: it repeats a failure of the
+                        # same kind only every ten minutes, and writers got errors unexplained.
+                        log.error(
+                            "writes past the buffer limit fail with %s until the store takes"
+                            " data again: %s",
+                            errno.errorcode[self._flush_errno],
+                            exc,
+                        )
                         self.files.wake_space_waiters()  # blocked writers: the error from now on
                     await pause_after_failure(min(self.options.commit_interval, 1.0))
             self._flush_errno = None  # buffered bytes went down: something was committed

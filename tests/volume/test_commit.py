@@ -696,6 +696,31 @@ async def test_writers_past_max_buffered_fail_once_early_flushes_are_given_up(
         await v.release(fh)
 
 
+async def test_every_time_writers_get_errors_the_log_says_why(
+    faulty: FaultyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The early flush's retry log repeats a failure of the same kind only every ten
+    minutes: a second outage gave writers EIO with nothing in the daemon's log."""
+    blob = os.urandom(64 << 10)
+    async with session(faulty, **PRESSURE) as v:  # type: ignore[arg-type]
+        fh, _ = await v.create(ROOT_INO, b"big", 0o644, RW, UID, GID)
+        written = 0
+        for outage in (1, 2):
+            faulty.add_rule("put", "c/", "failed")
+            with trio.fail_after(20), pytest.raises(FsError):
+                while True:
+                    await v.write(fh, written, blob)
+                    written += len(blob)
+            said = [r for r in caplog.records if "writes past the buffer limit" in r.message]
+            assert len(said) == outage and "EIO" in said[-1].message
+            faulty.clear()
+            await v.fsync()
+            with trio.fail_after(20):
+                while v._flush_errno is not None:  # the early flush succeeds once retried
+                    await trio.sleep(0.05)
+        await v.release(fh)
+
+
 async def test_an_early_flush_that_only_waited_for_a_failing_commit_is_no_success(
     faulty: FaultyStore, caplog: pytest.LogCaptureFixture
 ) -> None:
