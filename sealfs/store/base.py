@@ -8,9 +8,11 @@ event loop. Implementations must be safe to call from several threads at once.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from sealfs.errors import ConfigError
@@ -140,6 +142,29 @@ def is_stale_temp(mtime: float, age: float) -> bool:
     for each file, not once per sweep: a file made during a long sweep is not "ahead".
     """
     return abs(time.time() - mtime) > age
+
+
+PRIVATE_DIR_MODE = 0o700  # other local users may neither list objects nor replace them
+
+
+def make_dirs(path: Path, root: Path) -> Path:
+    """mkdir -p of path: root and the directories under it the owner's only, whatever
+    the umask (their names and sizes show what a volume holds and reads); those above
+    root as mkdir -p makes them. Returns the highest directory that was missing.
+
+    Raises FileExistsError if something other than a directory is in the way.
+    """
+    missing = [path]
+    while not missing[-1].parent.exists():
+        missing.append(missing[-1].parent)
+    for directory in reversed(missing):
+        ours = directory == root or root in directory.parents
+        try:
+            os.mkdir(directory, PRIVATE_DIR_MODE if ours else 0o777)
+        except FileExistsError:
+            if not directory.is_dir():  # made meanwhile by another thread: fine
+                raise
+    return missing[-1]
 
 
 def remove_crash_leftovers(store: object, older_than: float) -> int:

@@ -35,6 +35,7 @@ from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
     is_stale_temp,
+    make_dirs,
     remove_crash_leftovers,
     request_counts,
     validate_name,
@@ -46,7 +47,6 @@ CACHED_PREFIX = "c/"
 TEMP_PREFIX = ".tmp-"
 _STALE_TEMP_AGE = 3600.0  # younger temp files may belong to another live process
 _WARN_INTERVAL = 600.0  # a full cache disk fails every write: say so once, not per chunk
-_DIR_MODE = 0o700  # other local users may not list what a mount reads
 
 
 def is_cached_name(name: str) -> bool:
@@ -74,8 +74,7 @@ class CachingStore:
         self._total = 0
         self._last_warning: float | None = None
         try:
-            self.cache_dir.parent.mkdir(parents=True, exist_ok=True)  # the user's, as mkdir -p
-            _make_dirs(self.cache_dir)
+            make_dirs(self.cache_dir, self.cache_dir)
         except OSError as exc:
             raise ConfigError(
                 f"cannot create cache directory {self.cache_dir}: {exc.strerror}"
@@ -182,7 +181,7 @@ class CachingStore:
         path = self._path(name)
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
-            _write_file(tmp, data)
+            _write_file(tmp, data, self.cache_dir)
             with self._lock:
                 if fill and name in self._stale:
                     os.unlink(tmp)  # a write overlapped this fetch: the data may be older
@@ -313,27 +312,13 @@ def _valid(name: str) -> bool:
     return is_cached_name(name)
 
 
-def _make_dirs(path: Path) -> None:
-    """mkdir -p of the cache's own directories: the owner's only, whatever the umask, as
-    the local store's are (the names and sizes of cached chunks show what a mount reads)."""
-    missing = [path]
-    while not missing[-1].parent.exists():
-        missing.append(missing[-1].parent)
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, _DIR_MODE)
-        except FileExistsError:
-            if not directory.is_dir():  # a file there: not a cache that caches nothing
-                raise
-
-
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
     """Create path exclusively and write data, creating parent directories lazily."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
     except FileNotFoundError:
-        _make_dirs(path.parent)
+        make_dirs(path.parent, cache_dir)
         fd = os.open(path, flags, 0o600)
     try:
         view = memoryview(data)

@@ -43,6 +43,7 @@ from sealfs.store.base import (
     ObjectInfo,
     content_etag,
     is_stale_temp,
+    make_dirs,
     validate_name,
     validate_prefix,
 )
@@ -54,7 +55,6 @@ log = logging.getLogger("sealfs.store")
 TEMP_PREFIX = ".tmp-"
 LOCK_NAME = ".lock"
 _FILE_MODE = 0o600  # the header holds keyslots: keep offline guessing to the owner
-_DIR_MODE = 0o700  # other local users may neither list objects nor replace them
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # Errors a local disk (or an NFS mount under it) may clear on its own.
 _TRANSIENT = frozenset({errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EINTR})
@@ -313,16 +313,7 @@ class LocalStore:
                 " (its disk unmounted?): make the store available again, then mount the"
                 " volume again"
             )
-        missing = [path]
-        while not missing[-1].parent.exists():
-            missing.append(missing[-1].parent)
-        highest = missing[-1]
-        for directory in reversed(missing):
-            # The store's own directories are the owner's only, as its objects are
-            # (whatever the umask); those above the root are the user's, made as mkdir -p.
-            ours = directory == self.root or self.root in directory.parents
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory, _DIR_MODE if ours else 0o777)
+        highest = make_dirs(path, self.root)
         holder = os.path.dirname(os.path.abspath(highest))
         if self._top.startswith(os.path.join(holder, "")):  # made above the root's parent
             self._top = holder
