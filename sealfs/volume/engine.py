@@ -745,7 +745,7 @@ class Volume:
         _check_xattr_name(name)
         value = self.inode(ino).xattrs.get(name)
         if value is None:
-            raise FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
+            raise _no_such_xattr(name)
         return value
 
     async def listxattr(self, ino: int) -> list[bytes]:
@@ -798,7 +798,7 @@ class Volume:
         if name in POSIX_ACL_XATTRS:
             return  # there is never one to remove, and ext4 succeeds then too
         if name not in inode.xattrs:  # one an older build stored can still be removed
-            raise FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
+            raise _no_such_xattr(name)
         self._record(ops.del_xattr(ino, name))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -857,6 +857,12 @@ def _check_name(name: bytes) -> None:
         raise FsError(errno.ENAMETOOLONG)
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
         raise FsError(errno.EINVAL)
+
+
+def _no_such_xattr(name: bytes) -> FsError:
+    """The error for a name a file does not have: ENODATA, or EOPNOTSUPP for a name
+    outside the namespaces stored (as ext4 answers)."""
+    return FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
 
 
 def _supported_xattr(name: bytes) -> bool:
