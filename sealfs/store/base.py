@@ -161,8 +161,8 @@ def make_dirs(path: Path, root: Path) -> Path:
         ours = directory == root or root in directory.parents
         try:
             os.mkdir(directory, PRIVATE_DIR_MODE if ours else 0o777)
-        except FileExistsError:
-            if not directory.is_dir():  # made meanwhile by another thread: fine
+        except FileExistsError:  # fine if another thread made it meanwhile
+            if not directory.is_dir():
                 raise
     return missing[-1]
 
