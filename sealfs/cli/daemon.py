@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from sealfs.cli.oserrors import describe_os_error
+from sealfs.cli.sdnotify import notify_ready
 
 Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
 
@@ -23,7 +24,7 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
     pid = os.fork()
     if pid:
         os.close(write_end)
-        return _wait_for_child(read_end, log_path)
+        return _wait_for_child(read_end, log_path, pid)
     os.close(read_end)
     os.setsid()
     # Out of the caller's directory: a daemon kept there for the life of the mount made
@@ -50,7 +51,7 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
     os._exit(code)
 
 
-def _wait_for_child(read_end: int, log_path: str) -> int:
+def _wait_for_child(read_end: int, log_path: str, pid: int) -> int:
     chunks = []
     while chunk := os.read(read_end, 4096):
         chunks.append(chunk)
@@ -65,6 +66,8 @@ def _wait_for_child(read_end: int, log_path: str) -> int:
     code = int(code_text) if code_text.isdigit() else 1
     if code:
         print(f"sealfs: {message}", file=sys.stderr)
+    else:
+        notify_ready(main_pid=pid)
     return code
 
 

@@ -21,6 +21,7 @@ from sealfs.cli.daemon import Report, daemonize, reopen_log
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside
+from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
@@ -123,7 +124,7 @@ def run_mount(args: argparse.Namespace) -> int:
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
     if args.foreground:
-        return _serve(loaded, volume, mountpoint, lambda code, msg: None, _log_on_stderr)
+        return _serve(loaded, volume, mountpoint, _report_to_systemd, _log_on_stderr)
     return daemonize(
         lambda report: _serve_daemon(
             loaded, volume, mountpoint, report, log_path, verbose=args.verbose
@@ -154,6 +155,12 @@ def _serve_daemon(
         log.info("received SIGHUP: reopened log file %s", log_path)
 
     return _serve(loaded, volume, mountpoint, report, reopen)
+
+
+def _report_to_systemd(code: int, message: str) -> None:
+    """In the foreground there is no caller waiting on a pipe; a service manager may be."""
+    if code == 0:
+        notify_ready()
 
 
 def _log_on_stderr() -> None:
