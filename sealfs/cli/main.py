@@ -7,6 +7,7 @@ import importlib
 import os
 import select
 import sys
+import traceback
 from typing import NoReturn
 
 from sealfs import __version__
@@ -149,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         return FAILURE
     except Exception as exc:
         if os.environ.get(DEBUG_ENV) == "1":
-            raise
+            # The traceback, then the same line and code: a script or a unit that
+            # tells bugs from failures by the exit code must not see 1 instead.
+            traceback.print_exc()
         return report_bug(exc)
 
 

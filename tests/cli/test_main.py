@@ -116,11 +116,17 @@ def test_unexpected_exception_is_one_line_and_its_own_code(
     assert BUG not in (0, FAILURE, USAGE, WRONG_KEY, DAMAGED, BUSY)
 
 
-def test_debug_variable_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_debug_variable_shows_the_traceback_and_keeps_the_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: with the traceback came exit code 1, a failure, instead of a bug's."""
     monkeypatch.setenv(DEBUG_ENV, "1")
     monkeypatch.setattr(main_module, "setup_logging", _raise(RuntimeError("boom")))
-    with pytest.raises(RuntimeError, match="boom"):
-        main(["status", "store"])
+    assert main(["status", "store"]) == BUG
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "RuntimeError: boom" in err
+    assert err.rstrip().splitlines()[-1].startswith("sealfs: unexpected RuntimeError: boom;")
 
 
 @pytest.mark.parametrize(
