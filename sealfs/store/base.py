@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,30 @@ def is_stale_temp(mtime: float, age: float) -> bool:
     for each file, not once per sweep: a file made during a long sweep is not "ahead".
     """
     return abs(time.time() - mtime) > age
+
+
+class NotARegularFileError(OSError):
+    """An object's path holds a FIFO, device or socket: never an object sealfs wrote."""
+
+
+def read_regular_file(path: Path | str) -> bytes:
+    """The bytes of the regular file at path (a symlink is followed).
+
+    Raises IsADirectoryError for a directory, NotARegularFileError for anything else
+    that is not a regular file, and what open(2) and read(2) raise. Whoever can write
+    where objects live (the store's directory, a cache directory) could otherwise
+    leave a FIFO there, whose open blocks until some writer comes (forever: a mount
+    and its unmount hung), or a symlink to /dev/zero, read into memory without end.
+    O_NONBLOCK makes opening a FIFO return at once; it changes nothing for a file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{path} is a directory")
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"{path} is not a regular file")
+        return f.readall()
 
 
 PRIVATE_DIR_MODE = 0o700  # other local users may neither list objects nor replace them

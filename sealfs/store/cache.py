@@ -36,6 +36,7 @@ from sealfs.store.base import (
     ObjectStore,
     is_stale_temp,
     make_dirs,
+    read_regular_file,
     remove_crash_leftovers,
     request_counts,
     validate_name,
@@ -155,9 +156,8 @@ class CachingStore:
             self._entries.move_to_end(name)
         path = self._path(name)
         try:
-            with open(path, "rb", buffering=0) as f:
-                data = f.readall()
-        except OSError as exc:
+            data = read_regular_file(path)
+        except OSError as exc:  # a FIFO or device left in the cache too: fetched again
             if not isinstance(exc, FileNotFoundError):
                 log.warning("cache read of %s failed: %s; fetching from the store", name, exc)
             self._forget(name)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sealfs.errors import (
     ConfigError,
+    FormatError,
     NoSpaceError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -40,10 +41,12 @@ from sealfs.errors import (
     TransientStoreError,
 )
 from sealfs.store.base import (
+    NotARegularFileError,
     ObjectInfo,
     content_etag,
     is_stale_temp,
     make_dirs,
+    read_regular_file,
     validate_name,
     validate_prefix,
 )
@@ -324,10 +327,15 @@ class LocalStore:
         """Return the object's bytes. Raises ObjectNotFoundError."""
         path = self._path(name)
         try:
-            with open(path, "rb", buffering=0) as f:
-                return f.readall()
+            return read_regular_file(path)
         except _MISSING:
             raise self._not_found(name) from None
+        except NotARegularFileError:
+            raise FormatError(
+                f"object {name} in {self.describe()} is not a regular file (a FIFO, device"
+                " or socket, which sealfs never writes): remove it, then restore the object"
+                " from a copy of the store"
+            ) from None
         except OSError as exc:
             raise self._error(exc, f"read {name}") from exc
 

@@ -225,3 +225,29 @@ def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
         os.umask(old)
 
     assert_owner_only_under(tmp_path / "parent", "cache")
+
+
+def test_a_fifo_in_the_cache_is_never_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Whoever can write to the cache directory may put a FIFO at a chunk's name. Opening
+    # it blocked until a writer came (a mount hung for good), and then served its bytes.
+    store, memory = make(tmp_path)
+    store.put("c/ab/x", b"the sealed chunk")
+    cached = store.cache_dir / "c" / "ab" / "x"
+    cached.unlink()
+    os.mkfifo(cached)
+    spare = tmp_path / "fifo"
+    os.link(cached, spare)  # to let the writer go once the cache has dropped its name
+    writer = threading.Thread(target=lambda: spare.write_bytes(b"forged chunk 16b"))
+    writer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="sealfs.store"):
+            assert store.get("c/ab/x") == b"the sealed chunk"
+        assert memory.counts["get"] == 1
+        assert "c/ab/x" in caplog.text
+        assert cached.read_bytes() == b"the sealed chunk"  # a regular file again
+    finally:
+        fd = os.open(spare, os.O_RDONLY | os.O_NONBLOCK)
+        writer.join()
+        os.close(fd)

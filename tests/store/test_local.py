@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.errors import (
+    FormatError,
     NoSpaceError,
     ObjectExistsError,
     PreconditionFailedError,
@@ -559,3 +560,51 @@ def test_a_store_this_user_may_not_write_names_the_fix(tmp_path: Path) -> None:
     assert "write c/ab/y failed: Operation not permitted" in message, message
     assert "run sealfs as a user who may read and write the store" in message
     assert "--read-only" in message and "\n" not in message
+
+
+class _FifoWriter:
+    """A thread that opens a FIFO for writing (blocking until some reader opens it),
+    writes data and closes it; release() lets it finish if no reader ever came."""
+
+    def __init__(self, fifo: Path, data: bytes) -> None:
+        self.fifo = fifo
+        self.thread = threading.Thread(target=self._write, args=(data,))
+        self.thread.start()
+
+    def _write(self, data: bytes) -> None:
+        fd = os.open(self.fifo, os.O_WRONLY)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)  # the reader it waits for
+        self.thread.join()
+        os.close(fd)
+
+
+def test_an_object_that_is_a_fifo_is_damaged_not_read(tmp_path: Path) -> None:
+    # Whoever can write to the store's directory may leave a FIFO at an object's name.
+    # Opening it blocked until a writer came: with none, a mount (and its unmount) hung
+    # for good on a chunk read; with one, the store served what it wrote.
+    store = LocalStore(tmp_path)
+    store.put("c/ab/x", b"sealed")
+    fifo = tmp_path / "c" / "ab" / "x"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    writer = _FifoWriter(fifo, b"forged")
+    try:
+        with pytest.raises(FormatError, match=r"c/ab/x .*not a regular file"):
+            store.get("c/ab/x")
+    finally:
+        writer.release()
+
+
+def test_an_object_that_links_to_a_device_is_damaged_not_read(tmp_path: Path) -> None:
+    # /dev/null, not /dev/zero: that one was read into memory until the OOM killer came.
+    store = LocalStore(tmp_path)
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "00000001").symlink_to("/dev/null")
+    with pytest.raises(FormatError, match=r"l/00000001 .*not a regular file"):
+        store.get("l/00000001")
