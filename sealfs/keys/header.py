@@ -36,6 +36,7 @@ MAX_WRAPPED_KEY_SIZE = 8192
 MAX_PARAMS_DEPTH = 4
 
 _PREFIX = struct.Struct(">8sHI")
+MAX_HEADER_SIZE = _PREFIX.size + MAX_BODY_SIZE + MAC_SIZE  # the largest header a reader takes
 # Slot kinds are plain ASCII so that, in the keyslot AD, the kind bytes can
 # never run into the msgpack map that follows them (msgpack maps start >= 0x80).
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sealfs.errors import ConfigError
+from sealfs.errors import ConfigError, FormatError
 
 # Names are a fixed, small alphabet so that every backend (POSIX paths, S3
 # keys) can hold them verbatim and so that no name can escape the store root.
@@ -67,8 +67,12 @@ class ObjectStore(Protocol):
     retries: the RetryingStore wrapper decides that, in one place.
     """
 
-    def get(self, name: str) -> bytes:
-        """Return the whole object. Raises ObjectNotFoundError."""
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        """Return the whole object. Raises ObjectNotFoundError.
+
+        max_size: the most bytes an object of its kind can hold; a larger one is
+        refused unread with FormatError (see object_too_large).
+        """
         ...
 
     def stat(self, name: str) -> ObjectInfo:
@@ -145,15 +149,37 @@ def is_stale_temp(mtime: float, age: float) -> bool:
     return abs(time.time() - mtime) > age
 
 
+def object_too_large(name: str, size: int, max_size: int, where: str) -> FormatError:
+    """The error for an object larger than any that sealfs writes under its name.
+
+    Whoever can write to the store (or the cache) could otherwise append junk without
+    bound (a sparse file costs nothing) and have a reader take it all into memory:
+    the mount daemon was killed for want of memory, losing what was not committed.
+    """
+    return FormatError(
+        f"object {name} in {where} is {size} bytes, more than the {max_size} that an"
+        " object of its kind can hold: restore it from a copy of the store"
+    )
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the caller's bound (its size is in st_size)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"file of {size} bytes is larger than expected")
+        self.size = size
+
+
 class NotARegularFileError(OSError):
     """An object's path holds a FIFO, device or socket: never an object sealfs wrote."""
 
 
-def read_regular_file(path: Path | str) -> bytes:
+def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
     """The bytes of the regular file at path (a symlink is followed).
 
     Raises IsADirectoryError for a directory, NotARegularFileError for anything else
-    that is not a regular file, and what open(2) and read(2) raise. Whoever can write
+    that is not a regular file, FileTooLargeError for one of more than max_size bytes
+    (not read), and what open(2) and read(2) raise. Whoever can write
     where objects live (the store's directory, a cache directory) could otherwise
     leave a FIFO there, whose open blocks until some writer comes (forever: a mount
     and its unmount hung), or a symlink to /dev/zero, read into memory without end.
@@ -166,7 +192,13 @@ def read_regular_file(path: Path | str) -> bytes:
             raise IsADirectoryError(f"{path} is a directory")
         if not stat.S_ISREG(mode):
             raise NotARegularFileError(f"{path} is not a regular file")
-        return f.readall()
+        size = os.fstat(fd).st_size
+        if max_size is not None and size > max_size:
+            raise FileTooLargeError(size)
+        data = f.readall()
+        if max_size is not None and len(data) > max_size:  # grew since the fstat
+            raise FileTooLargeError(len(data))
+        return data
 
 
 PRIVATE_DIR_MODE = 0o700  # other local users may neither list objects nor replace them

@@ -148,7 +148,7 @@ class CachingStore:
 
     # -- cache I/O ---------------------------------------------------------
 
-    def _read_cached(self, name: str) -> bytes | None:
+    def _read_cached(self, name: str, max_size: int | None) -> bytes | None:
         with self._lock:
             size = self._entries.get(name)
             if size is None:
@@ -156,7 +156,7 @@ class CachingStore:
             self._entries.move_to_end(name)
         path = self._path(name)
         try:
-            data = read_regular_file(path)
+            data = read_regular_file(path, max_size)
         except OSError as exc:  # a FIFO or device left in the cache too: fetched again
             if not isinstance(exc, FileNotFoundError):
                 log.warning("cache read of %s failed: %s; fetching from the store", name, exc)
@@ -212,17 +212,17 @@ class CachingStore:
 
     # -- ObjectStore -------------------------------------------------------
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return a chunk from the cache if there, else from the store (and cache it)."""
         if not is_cached_name(name):
-            return self.inner.get(name)
+            return self.inner.get(name, max_size)
         validate_name(name)
-        data = self._read_cached(name)
+        data = self._read_cached(name, max_size)
         if data is None:
             with self._lock:
                 self._fills[name] += 1
             try:
-                data = self.inner.get(name)
+                data = self.inner.get(name, max_size)
                 self._store(name, data, fill=True)
             finally:
                 with self._lock:
@@ -331,7 +331,9 @@ def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
 T = TypeVar("T")
 
 
-def get_opened(store: ObjectStore, name: str, open_: Callable[[bytes], T]) -> T:
+def get_opened(
+    store: ObjectStore, name: str, open_: Callable[[bytes], T], max_size: int | None = None
+) -> T:
     """open_(the bytes of name); if open_ rejects a cached copy, the store's own copy.
 
     open_ authenticates (IntegrityError, FormatError). A cached copy that fails,
@@ -339,10 +341,10 @@ def get_opened(store: ObjectStore, name: str, open_: Callable[[bytes], T]) -> T:
     good object in the store: it is dropped and the store asked once more.
     """
     try:
-        return open_(store.get(name))
+        return open_(store.get(name, max_size))
     except (IntegrityError, FormatError):
         discard: Callable[[str], None] | None = getattr(store, "discard", None)
         if discard is None:  # no cache in front of this store
             raise
         discard(name)
-        return open_(store.get(name))
+        return open_(store.get(name, max_size))

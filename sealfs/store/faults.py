@@ -179,12 +179,12 @@ class FaultyStore:
         flipped[pos] ^= 0x01
         return bytes(flipped)
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, max_size: int | None = None) -> bytes:
         """Forward get, or inject a fault (corrupt flips one byte of the result)."""
         fault = self._pick("get", name)
         if fault == "corrupt":
-            return self._corrupt(self.inner.get(name))
-        return self._apply(fault, "get", name, lambda: self.inner.get(name))
+            return self._corrupt(self.inner.get(name, max_size))
+        return self._apply(fault, "get", name, lambda: self.inner.get(name, max_size))
 
     def stat(self, name: str) -> ObjectInfo:
         """Forward stat, or inject a fault."""

@@ -41,11 +41,13 @@ from sealfs.errors import (
     TransientStoreError,
 )
 from sealfs.store.base import (
+    FileTooLargeError,
     NotARegularFileError,
     ObjectInfo,
     content_etag,
     is_stale_temp,
     make_dirs,
+    object_too_large,
     read_regular_file,
     validate_name,
     validate_prefix,
@@ -323,13 +325,16 @@ class LocalStore:
         if self._root_id is None:
             self._root_id = _dir_id(self.root)
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return the object's bytes. Raises ObjectNotFoundError."""
         path = self._path(name)
         try:
-            return read_regular_file(path)
+            return read_regular_file(path, max_size)
         except _MISSING:
             raise self._not_found(name) from None
+        except FileTooLargeError as exc:
+            assert max_size is not None
+            raise object_too_large(name, exc.size, max_size, self.describe()) from None
         except NotARegularFileError:
             raise FormatError(
                 f"object {name} in {self.describe()} is not a regular file (a FIFO, device"

@@ -11,7 +11,13 @@ import collections
 import threading
 
 from sealfs.errors import ObjectExistsError, ObjectNotFoundError, PreconditionFailedError
-from sealfs.store.base import ObjectInfo, content_etag, validate_name, validate_prefix
+from sealfs.store.base import (
+    ObjectInfo,
+    content_etag,
+    object_too_large,
+    validate_name,
+    validate_prefix,
+)
 
 
 class MemoryStore:
@@ -26,15 +32,18 @@ class MemoryStore:
     def _count(self, method: str) -> None:
         self.counts[method] += 1
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return the object. Raises ObjectNotFoundError."""
         validate_name(name)
         with self._lock:
             self._count("get")
             try:
-                return self._objects[name]
+                data = self._objects[name]
             except KeyError:
                 raise ObjectNotFoundError(f"object {name} not found in {self.describe()}") from None
+        if max_size is not None and len(data) > max_size:
+            raise object_too_large(name, len(data), max_size, self.describe())
+        return data
 
     def stat(self, name: str) -> ObjectInfo:
         """Return size and etag. Raises ObjectNotFoundError."""

@@ -108,9 +108,9 @@ class RetryingStore:
             return None
         return min(delay, remaining)
 
-    def get(self, name: str) -> bytes:
-        """Retrying get. Raises ObjectNotFoundError at once."""
-        return self._run("get", name, lambda: self.inner.get(name))
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        """Retrying get. Raises ObjectNotFoundError, or FormatError if too large, at once."""
+        return self._run("get", name, lambda: self.inner.get(name, max_size))
 
     def stat(self, name: str) -> ObjectInfo:
         """Retrying stat. Raises ObjectNotFoundError at once."""

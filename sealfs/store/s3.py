@@ -48,7 +48,13 @@ from sealfs.errors import (
     StoreError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore, validate_name, validate_prefix
+from sealfs.store.base import (
+    ObjectInfo,
+    ObjectStore,
+    object_too_large,
+    validate_name,
+    validate_prefix,
+)
 from sealfs.store.url import normalize_key_prefix, validate_bucket
 
 T = TypeVar("T")
@@ -363,18 +369,25 @@ class S3Store:
 
     # -- ObjectStore ------------------------------------------------------------------
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return the whole object. Raises ObjectNotFoundError; a short body is transient."""
         key = self._key(name)
 
         def call(client: Any) -> bytes:
             response = client.get_object(Bucket=self.bucket, Key=key)
             body = response["Body"]
+            expected = response.get("ContentLength")
             try:
-                data: bytes = body.read()
+                if max_size is not None:
+                    if expected is not None and int(expected) > max_size:
+                        raise object_too_large(name, int(expected), max_size, self.describe())
+                    data: bytes = body.read(max_size + 1)
+                    if len(data) > max_size:  # no length was given, or it was not the body's
+                        raise object_too_large(name, len(data), max_size, self.describe())
+                else:
+                    data = body.read()
             finally:
                 body.close()
-            expected = response.get("ContentLength")
             if expected is not None and len(data) != int(expected):
                 raise TransientStoreError(
                     f"{self._what('get', name)}: body cut short ({len(data)} of {expected} bytes)"

@@ -17,7 +17,14 @@ import trio
 
 from sealfs.chunking.compress import decompress, maybe_compress
 from sealfs.chunking.fastcdc import MAX_CHUNK
-from sealfs.crypto.envelope import FLAG_ZSTD, ObjectKind, chunk_binding, open_object, seal_object
+from sealfs.crypto.envelope import (
+    ENVELOPE_OVERHEAD,
+    FLAG_ZSTD,
+    ObjectKind,
+    chunk_binding,
+    open_object,
+    seal_object,
+)
 from sealfs.crypto.ids import chunk_id as keyed_chunk_id
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
@@ -28,6 +35,9 @@ log = logging.getLogger("sealfs.volume")
 
 CHUNK_PREFIX = "c/"
 CHUNK_ID_SIZE = 32
+# A sealed chunk holds at most MAX_CHUNK payload bytes (zstd only where it saves),
+# so a larger object under a chunk's name is refused before it is read into memory.
+MAX_SEALED_CHUNK = MAX_CHUNK + ENVELOPE_OVERHEAD
 
 
 def chunk_name(chunk_id: bytes) -> str:
@@ -168,7 +178,9 @@ class Chunks:
     def _get_and_open(self, chunk_id: bytes) -> bytes:
         name = chunk_name(chunk_id)
         try:
-            return get_opened(self._store, name, lambda data: self._open(chunk_id, data))
+            return get_opened(
+                self._store, name, lambda data: self._open(chunk_id, data), MAX_SEALED_CHUNK
+            )
         except ObjectNotFoundError:
             self._unusable.add(chunk_id)
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None

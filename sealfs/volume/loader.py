@@ -33,7 +33,7 @@ from sealfs.errors import (
     VolumeExistsError,
     WriterConflictError,
 )
-from sealfs.keys.header import HEADER_NAME, VolumeHeader, decode_header
+from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE, VolumeHeader, decode_header
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import (
@@ -129,7 +129,7 @@ def create_volume(
 def read_header(store: ObjectStore) -> bytes:
     """The header bytes. Raises NotAVolumeError if the store holds none."""
     try:
-        return store.get(HEADER_NAME)
+        return store.get(HEADER_NAME, MAX_HEADER_SIZE)
     except ObjectNotFoundError:
         # Not just "run init": at boot the usual cause is a disk not mounted yet, where
         # init would make a second, empty volume on the directory under it.

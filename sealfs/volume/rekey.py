@@ -53,7 +53,7 @@ from sealfs.keys.rekey import end_rekey
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import get_opened
-from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX
+from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX, MAX_SEALED_CHUNK
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import Loaded
@@ -235,7 +235,8 @@ class Rekeyer:
     def _reseal(self, name: str) -> int:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
         try:
-            return get_opened(self._store, name, lambda data: self._reseal_from(name, data))
+            bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else None
+            return get_opened(self._store, name, lambda data: self._reseal_from(name, data), bound)
         except ObjectNotFoundError:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
 

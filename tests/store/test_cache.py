@@ -132,8 +132,8 @@ def test_a_fetch_that_a_replace_overlaps_does_not_fill_the_cache(tmp_path: Path)
     fetched, replaced = threading.Event(), threading.Event()
 
     class Gated(MemoryStore):
-        def get(self, name: str) -> bytes:
-            data = super().get(name)
+        def get(self, name: str, max_size: int | None = None) -> bytes:
+            data = super().get(name, max_size)
             fetched.set()
             assert replaced.wait(10)
             return data

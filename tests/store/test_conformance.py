@@ -8,6 +8,7 @@ import pytest
 
 from sealfs.errors import (
     ConfigError,
+    FormatError,
     ObjectExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -189,3 +190,13 @@ def test_sync_and_describe(store: ObjectStore) -> None:
     description = store.describe()
     assert description
     assert "\n" not in description
+
+
+def test_get_refuses_an_object_larger_than_its_kind_can_be(store: ObjectStore) -> None:
+    # A reader names the most an object of its kind holds (a sealed chunk: 4 MiB and
+    # its envelope), so that junk appended in the store is never read into memory.
+    store.put("c/00/x", b"12345")
+    assert store.get("c/00/x", 5) == b"12345"
+    with pytest.raises(FormatError, match=r"c/00/x .* 5 bytes, more than the 4"):
+        store.get("c/00/x", 4)
+    assert store.get("c/00/x") == b"12345"  # no bound given: any size

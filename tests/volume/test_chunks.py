@@ -3,11 +3,12 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.errors import IntegrityError, ObjectNotFoundError
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.cache import CachingStore
+from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume.chunks import ENTRY_OVERHEAD, PlainCache
+from sealfs.volume.chunks import ENTRY_OVERHEAD, MAX_SEALED_CHUNK, PlainCache
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
@@ -134,3 +135,18 @@ def test_the_plaintext_cache_counts_what_each_entry_costs() -> None:
     assert cache.get(newest) == b"0123456789"
     cache.discard(newest)
     assert cache.nbytes == len(cache._items) * (10 + ENTRY_OVERHEAD)
+
+
+async def test_a_chunk_object_larger_than_any_chunk_is_refused_unread(tmp_path: Path) -> None:
+    """Junk appended to a chunk in the store (a sparse file costs nothing) was read into
+    memory whole before authentication failed: enough of it killed the mount daemon."""
+    store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, cheap_kdf(), RECOVERY_KEY)
+    async with mounted(store) as volume:
+        await write_file(volume, b"f", b"precious" * 1000)
+    (name,) = store.list("c/")
+    with open(tmp_path / "store" / name, "r+b") as f:
+        f.truncate(MAX_SEALED_CHUNK + (64 << 20))  # holes: nothing is written to disk
+    async with mounted(store) as volume:
+        with pytest.raises(FormatError, match=rf"{name} .* more than the {MAX_SEALED_CHUNK}"):
+            await read_file(volume, b"f")

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from sealfs.errors import (
+    FormatError,
     IntegrityError,
     ObjectNotFoundError,
     StoreUnavailableError,
     UnsupportedVersionError,
 )
+from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, unlock
 from sealfs.meta.codec import (
@@ -227,3 +229,11 @@ def test_a_live_writer_is_alive_after_the_wall_clock_stepped_forward() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_header_larger_than_any_header_is_refused_unread() -> None:
+    """Junk appended to sealfs.vol was read into memory whole before the length check."""
+    store = MemoryStore()
+    store.put(HEADER_NAME, b"SEALFS\x00\x00" + bytes(MAX_HEADER_SIZE))
+    with pytest.raises(FormatError, match=rf"{HEADER_NAME} .* more than the {MAX_HEADER_SIZE}"):
+        read_header(store)
