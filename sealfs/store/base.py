@@ -8,6 +8,7 @@ event loop. Implementations must be safe to call from several threads at once.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import stat
@@ -174,6 +175,36 @@ class NotARegularFileError(OSError):
     """An object's path holds a FIFO, device or socket: never an object sealfs wrote."""
 
 
+def _open_regular(path: Path | str) -> io.FileIO:
+    """The regular file at path opened for reading (see read_regular_file)."""
+    f = io.FileIO(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
+    mode = os.fstat(f.fileno()).st_mode
+    if stat.S_ISREG(mode):
+        return f
+    f.close()
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path} is a directory")
+    raise NotARegularFileError(f"{path} is not a regular file")
+
+
+HASH_BLOCK = 1 << 20
+
+
+def regular_file_etag(path: Path | str) -> tuple[int, str]:
+    """Size and content_etag of the regular file at path, read a block at a time.
+
+    Raises what read_regular_file raises (but never FileTooLargeError): an etag
+    needs every byte, and reading a file grown without bound whole (a sparse file
+    costs nothing to make) took all memory.
+    """
+    digest, size = hashlib.sha256(), 0
+    with _open_regular(path) as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
 def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
     """The bytes of the regular file at path (a symlink is followed).
 
@@ -185,14 +216,8 @@ def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
     and its unmount hung), or a symlink to /dev/zero, read into memory without end.
     O_NONBLOCK makes opening a FIFO return at once; it changes nothing for a file.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb", buffering=0) as f:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(f"{path} is a directory")
-        if not stat.S_ISREG(mode):
-            raise NotARegularFileError(f"{path} is not a regular file")
-        size = os.fstat(fd).st_size
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         if max_size is not None and size > max_size:
             raise FileTooLargeError(size)
         data = f.readall()

@@ -44,11 +44,11 @@ from sealfs.store.base import (
     FileTooLargeError,
     NotARegularFileError,
     ObjectInfo,
-    content_etag,
     is_stale_temp,
     make_dirs,
     object_too_large,
     read_regular_file,
+    regular_file_etag,
     validate_name,
     validate_prefix,
 )
@@ -240,6 +240,13 @@ class LocalStore:
             " this store (a mount turns read-only); check the disk, then mount again"
         )
 
+    def _not_regular(self, name: str) -> FormatError:
+        return FormatError(
+            f"object {name} in {self.describe()} is not a regular file (a FIFO, device"
+            " or socket, which sealfs never writes): remove it, then restore the object"
+            " from a copy of the store"
+        )
+
     def _not_found(self, name: str) -> ObjectNotFoundError:
         return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
 
@@ -336,18 +343,25 @@ class LocalStore:
             assert max_size is not None
             raise object_too_large(name, exc.size, max_size, self.describe()) from None
         except NotARegularFileError:
-            raise FormatError(
-                f"object {name} in {self.describe()} is not a regular file (a FIFO, device"
-                " or socket, which sealfs never writes): remove it, then restore the object"
-                " from a copy of the store"
-            ) from None
+            raise self._not_regular(name) from None
         except OSError as exc:
             raise self._error(exc, f"read {name}") from exc
 
     def stat(self, name: str) -> ObjectInfo:
         """Return size and etag (hex SHA-256: this reads the object). Raises ObjectNotFoundError."""
-        data = self.get(name)
-        return ObjectInfo(name=name, size=len(data), etag=content_etag(data))
+        size, etag = self._etag(name)
+        return ObjectInfo(name=name, size=size, etag=etag)
+
+    def _etag(self, name: str) -> tuple[int, str]:
+        """Size and etag, hashed a block at a time: never the whole object in memory."""
+        try:
+            return regular_file_etag(self._path(name))
+        except _MISSING:
+            raise self._not_found(name) from None
+        except NotARegularFileError:
+            raise self._not_regular(name) from None
+        except OSError as exc:
+            raise self._error(exc, f"read {name}") from exc
 
     def put(self, name: str, data: bytes) -> None:
         """Create or replace the object atomically (temp file, then rename).
@@ -396,7 +410,7 @@ class LocalStore:
         """
         validate_name(name)
         with self._exclusive_lock(name):
-            if content_etag(self.get(name)) != etag:
+            if self._etag(name)[1] != etag:
                 raise PreconditionFailedError(f"object {name} changed since etag {etag[:12]}")
             self.put(name, data)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -608,3 +610,22 @@ def test_an_object_that_links_to_a_device_is_damaged_not_read(tmp_path: Path) ->
     (tmp_path / "l" / "00000001").symlink_to("/dev/null")
     with pytest.raises(FormatError, match=r"l/00000001 .*not a regular file"):
         store.get("l/00000001")
+
+
+def test_stat_hashes_an_object_without_holding_it_whole(tmp_path: Path) -> None:
+    # A local store's etag is the SHA-256 of the object, so stat reads all of it; it read
+    # it into memory at once, and a header grown without bound in the store (a sparse
+    # file costs nothing) took all memory from every key command, which stats it first.
+    store = LocalStore(tmp_path)
+    store.put("sealfs.vol", b"header")
+    with open(tmp_path / "sealfs.vol", "r+b") as f:
+        f.truncate(256 << 20)
+    tracemalloc.start()
+    try:
+        info = store.stat("sealfs.vol")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.size == 256 << 20
+    assert info.etag == hashlib.sha256(b"header" + bytes((256 << 20) - 6)).hexdigest()
+    assert peak < 16 << 20
