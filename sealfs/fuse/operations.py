@@ -203,7 +203,9 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        return self._file_info(await self.volume.open(inode, flags & ~KERNEL_FLAGS))
+        # Only root is taken to hold CAP_FSETID: the request carries no capabilities.
+        fh = await self.volume.open(inode, flags & ~KERNEL_FLAGS, kill_priv=ctx.uid != 0)
+        return self._file_info(fh)
 
     @_boundary
     async def create(

@@ -573,7 +573,8 @@ class Volume:
             raise FsError(errno.EBADF)
         return handle
 
-    async def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int, *, kill_priv: bool = False) -> int:
+        """kill_priv: the caller lacks CAP_FSETID, so O_TRUNC clears set-ID bits."""
         inode = self.inode(ino)
         if inode.is_dir:
             raise FsError(errno.EISDIR)
@@ -581,7 +582,14 @@ class Volume:
             # As Linux does: whatever the access mode (the kernel checked for write
             # permission), and mtime and ctime change even if the file was empty.
             self._writable()
-            await self._truncate(inode, 0, time.time_ns())
+            now = time.time_ns()
+            await self._truncate(inode, 0, now)
+            # The kernel hands O_TRUNC to the daemon (atomic_o_trunc) and, unlike for
+            # truncate(2), clears no set-ID bit itself: as should_remove_suid does,
+            # set-user-ID always, set-group-ID when group-executable.
+            mode = _without_set_id(inode.mode) if kill_priv else inode.mode
+            if mode != inode.mode:
+                self._record(ops.put_inode(inode, mode=mode, ctime_ns=now))
         elif flags & os.O_ACCMODE != os.O_RDONLY:
             self._writable()
         return self._open_handle(ino, flags)
@@ -812,6 +820,14 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _without_set_id(mode: int) -> int:
+    """mode less the set-ID bits a write or truncation by an unprivileged caller clears."""
+    mode &= ~stat.S_ISUID
+    if mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode
 
 
 def _gives_up(exc: SealfsError) -> bool:

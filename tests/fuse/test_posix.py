@@ -1069,6 +1069,46 @@ def test_permissions_are_enforced_for_other_users(volume_env: VolumeEnv) -> None
         volume_env.umount()
 
 
+def test_o_trunc_by_a_user_clears_set_id_bits(volume_env: VolumeEnv) -> None:
+    """Regression (differential fuzzing against ext4): open(O_TRUNC) by its unprivileged
+    owner left a file set-user-ID and set-group-ID, where truncate(2), a write or a
+    chown clear them. The kernel hands O_TRUNC to the daemon (atomic_o_trunc) and clears
+    nothing itself then. Root (CAP_FSETID) keeps them, as on ext4."""
+    require(
+        os.access(SYSTEM_PYTHON, os.X_OK),
+        f"{SYSTEM_PYTHON} is needed to run a probe as another user",
+    )
+    volume_env.mount("--allow-other")
+    try:
+        mnt = volume_env.mnt
+        os.chmod(mnt, 0o755)
+        for name in ("users", "roots"):
+            (mnt / name).write_bytes(b"data")
+            os.chown(mnt / name, 1000, 1000)
+            os.chmod(mnt / name, 0o6755)
+        # The mount lies below root's 0700 tmp directory: the probe gets the mount's fd.
+        probe = (
+            "import os, sys\n"
+            "os.close(os.open('users', os.O_WRONLY | os.O_TRUNC, dir_fd=int(sys.argv[1])))"
+        )
+        fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            subprocess.run(
+                [SYSTEM_PYTHON, "-c", probe, str(fd)], pass_fds=(fd,), user=1000, group=1000,
+                extra_groups=[], capture_output=True, text=True, timeout=20, check=True, cwd="/",
+            )  # fmt: skip
+        finally:
+            os.close(fd)
+        os.close(os.open(mnt / "roots", os.O_WRONLY | os.O_TRUNC))
+        for _ in range(2):
+            assert os.stat(mnt / "users").st_mode == stat.S_IFREG | 0o755
+            assert os.stat(mnt / "users").st_size == 0
+            assert os.stat(mnt / "roots").st_mode == stat.S_IFREG | 0o6755
+            remount(volume_env)
+    finally:
+        volume_env.umount()
+
+
 def test_parallel_writers_and_readers(mounted_env: VolumeEnv) -> None:
     mnt = mounted_env.mnt
     log_fd = os.open(mnt / "shared.log", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
