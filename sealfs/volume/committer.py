@@ -412,24 +412,32 @@ class Committer:
         try:
             self._store.put_if_absent(name, sealed)
         except ObjectExistsError:
-            if not self._is_ours(generation, self._store.get(name), sealed, digest):
+            if not self._is_ours(generation, name, sealed, digest):
                 raise FencedError(
                     f"another writer committed generation {generation} first: this mount"
                     " was taken over (fenced) and is now read-only; unmount it"
                 ) from None
         self._store.sync()
 
-    def _is_ours(self, generation: int, found: bytes, sealed: bytes, digest: bytes) -> bool:
+    def _is_ours(self, generation: int, name: str, sealed: bytes, digest: bytes) -> bool:
         """Whether l/<generation> as found is the segment this writer sealed: the very
         bytes, or its records sealed again. A rekey re-seals every segment it lists, and
         one whose create landed with its reply lost (published again here) is among them:
-        comparing the sealed bytes alone took that for a takeover and fenced the mount."""
-        if found == sealed:
-            return True
-        try:
-            return decode_segment(self._keys, self._volume_id, generation, found).digest == digest
-        except (IntegrityError, FormatError):
-            return False
+        comparing the sealed bytes alone took that for a takeover and fenced the mount.
+
+        Bytes that do not open are read once more before they count as another
+        writer's: one damaged read (a flipped bit in transit) fenced the mount for good,
+        losing everything since its last commit."""
+        for _ in range(2):
+            found = self._store.get(name)
+            if found == sealed:
+                return True
+            try:
+                logged = decode_segment(self._keys, self._volume_id, generation, found)
+            except (IntegrityError, FormatError):
+                continue
+            return logged.digest == digest
+        return False
 
     def snapshot_due(self, *, closing: bool = False) -> bool:
         """Whether the log since the last snapshot is long enough to compact.

@@ -457,6 +457,30 @@ async def test_segment_create_that_landed_despite_an_error_is_not_fencing(
     assert_replay_equals_live(faulty.inner, v)
 
 
+async def test_a_garbled_read_of_its_own_landed_segment_does_not_fence_the_writer(
+    faulty: FaultyStore,
+) -> None:
+    """Regression (found by fuzzing with store faults): after a segment create whose reply
+    was lost, the next commit reads the segment back to tell its own from another
+    writer's. One damaged read of it (a flipped bit in transit) failed to authenticate,
+    was taken for another writer's segment, and fenced the mount for good: read-only,
+    everything since the last commit lost. Another writer's segment opens under the
+    volume's keys; one that does not open is read once more before fencing."""
+    async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+        f = await mkfile(v, ROOT_INO, b"f", b"first")
+        faulty.fail_next("put_if_absent", "l/", "transient_after")  # landed, reply lost
+        with pytest.raises(StoreError):
+            await v.fsync()
+        g = await mkfile(v, ROOT_INO, b"g", b"second")
+        faulty.fail_next("get", "l/", "corrupt")
+        await v.fsync()
+        assert v.commits.stopped is None
+        assert [fault for _, _, fault in faulty.injected] == ["transient_after", "corrupt"]
+        state = load(faulty.inner)
+        assert f in state.inodes and g in state.inodes
+    assert_replay_equals_live(faulty.inner, v)
+
+
 async def test_a_store_that_failed_to_flush_stops_the_writer(faulty: FaultyStore) -> None:
     """A failed flush may have lost what it flushed, and a later one cannot tell: the
     writer stops as a fenced one does, but fsync reports the store's error."""
