@@ -4,6 +4,11 @@ flushes under a small buffer limit, reads through faults, and crashes at any sto
 Faults stay armed across operations (writes that flush early, the commit loop, reads)
 until a rule clears them; a "freeze" makes the store die at its n-th write from now (as
 a killed process's store stops changing), after which only a crash may follow.
+
+CI runs a few seconds of it. Longer runs: SEALFS_FUZZ_EXAMPLES and SEALFS_FUZZ_STEPS
+(e.g. 400 and 100, with pytest's --timeout=0), SEALFS_FUZZ_LOCAL=1 for a local store
+in a temporary directory, SEALFS_FUZZ_HANG for the seconds after which a call counts
+as hung.
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ from tests.volume.test_stateful import (
 )
 
 T = TypeVar("T")
-LOCAL = os.environ.get("FZ_LOCAL") == "1"
-HANG = float(os.environ.get("FZ_HANG", "20"))
+LOCAL = os.environ.get("SEALFS_FUZZ_LOCAL") == "1"
+HANG = float(os.environ.get("SEALFS_FUZZ_HANG", "20"))
 WRITE_METHODS = ("put", "put_if_absent", "put_if_match", "delete")
 
 
@@ -463,4 +468,7 @@ def test_random_operations_with_store_faults(
     create_volume(template, PASSPHRASE, kdf_params, RECOVERY_KEY)
     TEMPLATE.clear()
     TEMPLATE.update(template._objects)
-    run(int(os.environ.get("FZ_EX", "10")), int(os.environ.get("FZ_STEPS", "30")))
+    run(
+        int(os.environ.get("SEALFS_FUZZ_EXAMPLES", "40")),
+        int(os.environ.get("SEALFS_FUZZ_STEPS", "30")),
+    )
