@@ -19,7 +19,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1020,93 +1020,89 @@ print(json.dumps(results))
 """
 
 
-def test_permissions_are_enforced_for_other_users(volume_env: VolumeEnv) -> None:
+@pytest.fixture
+def shared_mount(volume_env: VolumeEnv) -> Iterator[Path]:
+    """The volume mounted with --allow-other, for probes run as another user."""
     require(
         os.access(SYSTEM_PYTHON, os.X_OK),
         f"{SYSTEM_PYTHON} is needed to run a probe as another user",
     )
     volume_env.mount("--allow-other")
     try:
-        mnt = volume_env.mnt
-        for name, mode in (("secret", 0o600), ("public", 0o644)):
-            (mnt / name).write_bytes(name.encode())
-            os.chmod(mnt / name, mode)
-        (mnt / "tmp").mkdir()
-        os.chmod(mnt / "tmp", 0o1777)
-        (mnt / "tmp" / "roots").write_bytes(b"")
-        (mnt / "private").mkdir(0o700)
-        (mnt / "private" / "inside").write_bytes(b"")
-        os.chmod(mnt, 0o755)
-        fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            result = subprocess.run(
-                [SYSTEM_PYTHON, "-c", PERMISSION_PROBE, str(fd)], pass_fds=(fd,), user=1000,
-                group=1000, extra_groups=[], capture_output=True, text=True, timeout=20,
-                check=True, cwd="/",
-            )  # fmt: skip
-        finally:
-            os.close(fd)
-        got = json.loads(result.stdout)
-        assert got == {
-            "open secret": errno.EACCES,
-            "open public": 0,
-            "open public for writing": errno.EACCES,
-            "create at root": errno.EACCES,
-            "create in tmp": 0,
-            "unlink own in tmp": 0,
-            "unlink root's in tmp": errno.EPERM,
-            "rename root's in tmp": errno.EPERM,
-            "chmod public": errno.EPERM,
-            "utime public": errno.EPERM,
-            "truncate public": errno.EACCES,
-            "set a system xattr on public": errno.EOPNOTSUPP,  # as ext4: no such namespace
-            "enter private dir": errno.EACCES,
-        }
-        assert (mnt / "public").read_bytes() == b"public"
-        assert os.stat(mnt / "public").st_mode == stat.S_IFREG | 0o644
-        assert os.listxattr(mnt / "public") == []
+        yield volume_env.mnt
     finally:
         volume_env.umount()
 
 
-def test_o_trunc_by_a_user_clears_set_id_bits(volume_env: VolumeEnv) -> None:
+def run_as_user(mnt: Path, probe: str) -> str:
+    """Run a Python probe as uid 1000 with the mount's directory as fd argv[1] (the mount
+    lies below root's 0700 tmp directory); return its stdout."""
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return subprocess.run(
+            [SYSTEM_PYTHON, "-c", probe, str(fd)], pass_fds=(fd,), user=1000, group=1000,
+            extra_groups=[], capture_output=True, text=True, timeout=20, check=True, cwd="/",
+        ).stdout  # fmt: skip
+    finally:
+        os.close(fd)
+
+
+def test_permissions_are_enforced_for_other_users(shared_mount: Path) -> None:
+    mnt = shared_mount
+    for name, mode in (("secret", 0o600), ("public", 0o644)):
+        (mnt / name).write_bytes(name.encode())
+        os.chmod(mnt / name, mode)
+    (mnt / "tmp").mkdir()
+    os.chmod(mnt / "tmp", 0o1777)
+    (mnt / "tmp" / "roots").write_bytes(b"")
+    (mnt / "private").mkdir(0o700)
+    (mnt / "private" / "inside").write_bytes(b"")
+    os.chmod(mnt, 0o755)
+    got = json.loads(run_as_user(mnt, PERMISSION_PROBE))
+    assert got == {
+        "open secret": errno.EACCES,
+        "open public": 0,
+        "open public for writing": errno.EACCES,
+        "create at root": errno.EACCES,
+        "create in tmp": 0,
+        "unlink own in tmp": 0,
+        "unlink root's in tmp": errno.EPERM,
+        "rename root's in tmp": errno.EPERM,
+        "chmod public": errno.EPERM,
+        "utime public": errno.EPERM,
+        "truncate public": errno.EACCES,
+        "set a system xattr on public": errno.EOPNOTSUPP,  # as ext4: no such namespace
+        "enter private dir": errno.EACCES,
+    }
+    assert (mnt / "public").read_bytes() == b"public"
+    assert os.stat(mnt / "public").st_mode == stat.S_IFREG | 0o644
+    assert os.listxattr(mnt / "public") == []
+
+
+OPEN_USERS_WITH_O_TRUNC = """
+import os, sys
+os.close(os.open("users", os.O_WRONLY | os.O_TRUNC, dir_fd=int(sys.argv[1])))
+"""
+
+
+def test_o_trunc_by_a_user_clears_set_id_bits(shared_mount: Path, volume_env: VolumeEnv) -> None:
     """Regression (differential fuzzing against ext4): open(O_TRUNC) by its unprivileged
     owner left a file set-user-ID and set-group-ID, where truncate(2), a write or a
     chown clear them. The kernel hands O_TRUNC to the daemon (atomic_o_trunc) and clears
     nothing itself then. Root (CAP_FSETID) keeps them, as on ext4."""
-    require(
-        os.access(SYSTEM_PYTHON, os.X_OK),
-        f"{SYSTEM_PYTHON} is needed to run a probe as another user",
-    )
-    volume_env.mount("--allow-other")
-    try:
-        mnt = volume_env.mnt
-        os.chmod(mnt, 0o755)
-        for name in ("users", "roots"):
-            (mnt / name).write_bytes(b"data")
-            os.chown(mnt / name, 1000, 1000)
-            os.chmod(mnt / name, 0o6755)
-        # The mount lies below root's 0700 tmp directory: the probe gets the mount's fd.
-        probe = (
-            "import os, sys\n"
-            "os.close(os.open('users', os.O_WRONLY | os.O_TRUNC, dir_fd=int(sys.argv[1])))"
-        )
-        fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            subprocess.run(
-                [SYSTEM_PYTHON, "-c", probe, str(fd)], pass_fds=(fd,), user=1000, group=1000,
-                extra_groups=[], capture_output=True, text=True, timeout=20, check=True, cwd="/",
-            )  # fmt: skip
-        finally:
-            os.close(fd)
-        os.close(os.open(mnt / "roots", os.O_WRONLY | os.O_TRUNC))
-        for _ in range(2):
-            assert os.stat(mnt / "users").st_mode == stat.S_IFREG | 0o755
-            assert os.stat(mnt / "users").st_size == 0
-            assert os.stat(mnt / "roots").st_mode == stat.S_IFREG | 0o6755
-            remount(volume_env)
-    finally:
-        volume_env.umount()
+    mnt = shared_mount
+    os.chmod(mnt, 0o755)
+    for name in ("users", "roots"):
+        (mnt / name).write_bytes(b"data")
+        os.chown(mnt / name, 1000, 1000)
+        os.chmod(mnt / name, 0o6755)
+    run_as_user(mnt, OPEN_USERS_WITH_O_TRUNC)
+    os.close(os.open(mnt / "roots", os.O_WRONLY | os.O_TRUNC))
+    for _ in range(2):
+        assert os.stat(mnt / "users").st_mode == stat.S_IFREG | 0o755
+        assert os.stat(mnt / "users").st_size == 0
+        assert os.stat(mnt / "roots").st_mode == stat.S_IFREG | 0o6755
+        remount(volume_env)
 
 
 def test_parallel_writers_and_readers(mounted_env: VolumeEnv) -> None:

@@ -324,6 +324,15 @@ class VolumeMachine(RuleBasedStateMachine):
         entries = self.model.entries()
         return entries[k % len(entries)] if entries else None
 
+    def pick_file_entry(self, k: int) -> tuple[int, bytes, int] | None:
+        """(parent, name, inode) of a name of a regular file, if the pick lands on one."""
+        picked = self.pick_entry(k)
+        if picked is None:
+            return None
+        parent, name = picked
+        ino = self.model.nodes[parent].entries[name]
+        return (parent, name, ino) if self.model.nodes[ino].kind == "file" else None
+
     def add(self, parent: int, name: bytes, ino: int, node: Node) -> None:
         self.model.nodes[ino] = node
         self.model.nodes[parent].entries[name] = ino
@@ -357,23 +366,32 @@ class VolumeMachine(RuleBasedStateMachine):
         if attr is not None:
             self.add(parent, name, attr.ino, Node("symlink", stat.S_IFLNK | 0o777, target=dest))
 
+    async def write_or_errno(self, ino: int, offset: int, payload: bytes) -> int | None:
+        """Write through a new handle; the errno if the write was refused."""
+        fh = await self.v.open(ino, W)
+        try:
+            await self.v.write(fh, offset, payload)
+        except FsError as exc:
+            return exc.errno
+        finally:
+            await self.v.release(fh)
+        return None
+
+    def written(self, ino: int, offset: int, payload: bytes, err: int | None) -> None:
+        """Put a write into the model. Here the store never fails a write."""
+        assert err is None, errno.errorcode[err]
+        buf = self.model.nodes[ino].data
+        if offset > len(buf):
+            buf.extend(bytes(offset - len(buf)))
+        buf[offset : offset + len(payload)] = payload
+        self.changed()
+
     def write(self, k: int, offset: int, size: int, seed: int) -> None:
         ino = self.pick_kind(k, "file")
         if ino is None:
             return
         payload = random.Random(seed).randbytes(size)
-
-        async def go() -> None:
-            fh = await self.v.open(ino, W)
-            await self.v.write(fh, offset, payload)
-            await self.v.release(fh)
-
-        self.call(go)
-        buf = self.model.nodes[ino].data
-        if offset > len(buf):
-            buf.extend(bytes(offset - len(buf)))
-        buf[offset : offset + size] = payload
-        self.changed()
+        self.written(ino, offset, payload, self.call(self.write_or_errno, ino, offset, payload))
 
     @rule(k=PICK, offset=st.integers(0, 2000), seed=st.integers(0, 1000))
     def write_small(self, k: int, offset: int, seed: int) -> None:
@@ -500,27 +518,21 @@ class VolumeMachine(RuleBasedStateMachine):
     @rule(k=PICK, pause=st.integers(0, 12), seed=st.integers(0, 1000))
     def write_then_delete(self, k: int, pause: int, seed: int) -> None:
         """A big write, then the name goes while its early flush may be running."""
-        picked = self.pick_entry(k)
+        picked = self.pick_file_entry(k)
         if picked is None:
             return
-        parent, name = picked
-        ino = self.model.nodes[parent].entries[name]
-        if self.model.nodes[ino].kind != "file":
-            return
+        parent, name, ino = picked
         payload = random.Random(seed).randbytes(300_000)
 
-        async def go() -> None:
-            fh = await self.v.open(ino, W)
-            await self.v.write(fh, 0, payload)
-            await self.v.release(fh)
+        async def go() -> int | None:
+            err = await self.write_or_errno(ino, 0, payload)
             for _ in range(pause):
                 await trio.sleep(0)
             await self.v.unlink(parent, name)
             await self.v.forget(list(self.v._lookups.items()))
+            return err
 
-        self.call(go)
-        self.model.nodes[ino].data[:300_000] = payload
-        self.changed()
+        self.written(ino, 0, payload, self.call(go))
         del self.model.nodes[parent].entries[name]
         self.model.drop_if_unlinked(ino)
         self.changed()
@@ -598,20 +610,32 @@ class VolumeMachine(RuleBasedStateMachine):
             assert indexed == scanned
 
 
-def test_random_operations_against_a_model(
-    monkeypatch: pytest.MonkeyPatch, kdf_params: Argon2Params
+def run_machine(
+    machine: type[VolumeMachine],
+    monkeypatch: pytest.MonkeyPatch,
+    kdf_params: Argon2Params,
+    *,
+    examples: int,
+    steps: int,
 ) -> None:
+    """Run a machine over copies of one fresh volume (one key derivation for all)."""
     install_cached_unlock(monkeypatch)
     template = MemoryStore()
     create_volume(template, PASSPHRASE, kdf_params, RECOVERY_KEY)
     TEMPLATE.clear()
     TEMPLATE.update(template._objects)
     run_state_machine_as_test(
-        VolumeMachine,
+        machine,
         settings=settings(
-            max_examples=50,
-            stateful_step_count=30,
+            max_examples=examples,
+            stateful_step_count=steps,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         ),
     )
+
+
+def test_random_operations_against_a_model(
+    monkeypatch: pytest.MonkeyPatch, kdf_params: Argon2Params
+) -> None:
+    run_machine(VolumeMachine, monkeypatch, kdf_params, examples=50, steps=30)

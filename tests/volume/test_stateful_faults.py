@@ -26,13 +26,11 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from sealfs.errors import (
     FormatError,
-    FsError,
     IntegrityError,
     StoreError,
     StoreUnavailableError,
@@ -43,9 +41,7 @@ from sealfs.store.faults import FaultyStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
-from sealfs.volume.loader import create_volume
-from tests.conftest import PASSPHRASE, RECOVERY_KEY
-from tests.volume.test_engine import GID, UID, W, assert_replay_equals_live, install_cached_unlock
+from tests.volume.test_engine import GID, UID, W, assert_replay_equals_live
 from tests.volume.test_stateful import (
     PICK,
     TEMPLATE,
@@ -53,6 +49,7 @@ from tests.volume.test_stateful import (
     Node,
     VolumeMachine,
     observe,
+    run_machine,
 )
 
 T = TypeVar("T")
@@ -191,32 +188,14 @@ class FaultMachine(VolumeMachine):
 
     # -- writes tolerate the documented errors while the store fails ----------------------
 
-    def write(self, k: int, offset: int, size: int, seed: int) -> None:
-        ino = self.pick_kind(k, "file")
-        if ino is None:
+    def written(self, ino: int, offset: int, payload: bytes, err: int | None) -> None:
+        """A write refused while the store fails wrote nothing (it is refused before
+        anything is buffered), and only with the documented errnos."""
+        if err is None:
+            super().written(ino, offset, payload, None)
             return
-        payload = random.Random(seed).randbytes(size)
-
-        async def go() -> int | None:
-            fh = await self.v.open(ino, W)
-            try:
-                await self.v.write(fh, offset, payload)
-            except FsError as exc:
-                return exc.errno
-            finally:
-                await self.v.release(fh)
-            return None
-
-        err = self.call(go)
-        if err is not None:
-            assert err in WRITE_ERRNOS, errno.errorcode[err]
-            assert not self.healthy or self.v._flush_errno is not None
-            return  # refused before buffering: nothing was written
-        buf = self.model.nodes[ino].data
-        if offset > len(buf):
-            buf.extend(bytes(offset - len(buf)))
-        buf[offset : offset + size] = payload
-        self.changed()
+        assert err in WRITE_ERRNOS, errno.errorcode[err]
+        assert not self.healthy or self.v._flush_errno is not None
 
     @rule(
         k=PICK,
@@ -226,31 +205,12 @@ class FaultMachine(VolumeMachine):
     )
     def write_then_rename(self, k: int, pause: int, seed: int, dest: bytes) -> None:
         """A big write, then the file is renamed over another name while it flushes."""
-        picked = self.pick_entry(k)
+        picked = self.pick_file_entry(k)
         if picked is None:
             return
-        parent, name = picked
-        ino = self.model.nodes[parent].entries[name]
-        if self.model.nodes[ino].kind != "file":
-            return
+        parent, name, ino = picked
         payload = random.Random(seed).randbytes(200_000)
-
-        async def go() -> int | None:
-            fh = await self.v.open(ino, W)
-            try:
-                await self.v.write(fh, 0, payload)
-            except FsError as exc:
-                return exc.errno
-            finally:
-                await self.v.release(fh)
-            return None
-
-        err = self.call(go)
-        if err is None:
-            self.model.nodes[ino].data[:200_000] = payload
-            self.changed()
-        else:
-            assert err in WRITE_ERRNOS
+        self.written(ino, 0, payload, self.call(self.write_or_errno, ino, 0, payload))
 
         async def later() -> None:
             for _ in range(pause):
@@ -261,42 +221,6 @@ class FaultMachine(VolumeMachine):
         self.expect(rerr, self.v.rename, parent, name, parent, dest, 0)
         if rerr is None:
             self.changed()
-
-    @rule(k=PICK, pause=st.integers(0, 12), seed=st.integers(0, 1000))
-    def write_then_delete(self, k: int, pause: int, seed: int) -> None:
-        """A big write, then the name goes while its early flush may be running."""
-        picked = self.pick_entry(k)
-        if picked is None:
-            return
-        parent, name = picked
-        ino = self.model.nodes[parent].entries[name]
-        if self.model.nodes[ino].kind != "file":
-            return
-        payload = random.Random(seed).randbytes(300_000)
-
-        async def go() -> int | None:
-            fh = await self.v.open(ino, W)
-            err = None
-            try:
-                await self.v.write(fh, 0, payload)
-            except FsError as exc:
-                err = exc.errno
-            await self.v.release(fh)
-            for _ in range(pause):
-                await trio.sleep(0)
-            await self.v.unlink(parent, name)
-            await self.v.forget(list(self.v._lookups.items()))
-            return err
-
-        err = self.call(go)
-        if err is None:
-            self.model.nodes[ino].data[:300_000] = payload
-            self.changed()
-        else:
-            assert err in WRITE_ERRNOS
-        del self.model.nodes[parent].entries[name]
-        self.model.drop_if_unlinked(ino)
-        self.changed()
 
     # -- faults --------------------------------------------------------------------------
 
@@ -448,27 +372,13 @@ class FaultMachine(VolumeMachine):
             assert seen == self.model.view()
 
 
-def run(max_examples: int, steps: int) -> None:
-    run_state_machine_as_test(
-        FaultMachine,
-        settings=settings(
-            max_examples=max_examples,
-            stateful_step_count=steps,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        ),
-    )
-
-
 def test_random_operations_with_store_faults(
     monkeypatch: pytest.MonkeyPatch, kdf_params: Argon2Params
 ) -> None:
-    install_cached_unlock(monkeypatch)
-    template = MemoryStore()
-    create_volume(template, PASSPHRASE, kdf_params, RECOVERY_KEY)
-    TEMPLATE.clear()
-    TEMPLATE.update(template._objects)
-    run(
-        int(os.environ.get("SEALFS_FUZZ_EXAMPLES", "40")),
-        int(os.environ.get("SEALFS_FUZZ_STEPS", "30")),
+    run_machine(
+        FaultMachine,
+        monkeypatch,
+        kdf_params,
+        examples=int(os.environ.get("SEALFS_FUZZ_EXAMPLES", "40")),
+        steps=int(os.environ.get("SEALFS_FUZZ_STEPS", "30")),
     )
