@@ -134,6 +134,22 @@ def _strip_userinfo(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def _read_at_most(body: Any, limit: int) -> bytes:
+    """The body's bytes, but no more than limit of them.
+
+    Read until a read returns nothing (or limit is reached): that last read is
+    where botocore checks the body's length and checksum, which a read of a byte
+    count that the body fits in never reaches; it returned bytes changed in
+    transit, which a chunk's open then took for damage in the store.
+    """
+    parts: list[bytes] = []
+    size = 0
+    while size < limit and (part := body.read(limit - size)):
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
 class S3Store:
     """An ObjectStore in an S3 bucket under a key prefix. Thread-safe and fork-safe.
 
@@ -381,7 +397,7 @@ class S3Store:
                 if max_size is not None:
                     if expected is not None and int(expected) > max_size:
                         raise object_too_large(name, int(expected), max_size, self.describe())
-                    data: bytes = body.read(max_size + 1)
+                    data: bytes = _read_at_most(body, max_size + 1)
                     if len(data) > max_size:  # no length was given, or it was not the body's
                         raise object_too_large(name, len(data), max_size, self.describe())
                 else:

@@ -16,7 +16,9 @@ requests to play a service that ignores conditional creates.
 Refusals, never in the default mix (set_faults(rate, [kind]) only): error
 documents S3 answers with that are not a server's trouble, or not only that:
 skewed (403 RequestTimeTooSkewed: this host's clock is off) and incomplete
-(400 IncompleteBody: the request's body was cut short in transit).
+(400 IncompleteBody: the request's body was cut short in transit). And flip:
+forward a GET, then answer with one byte of its body changed (what the
+object's checksum, not TCP's, catches).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FAULTS = ("drop", "drop_after", "error_after", "500", "503", "slowdown", "delay", "cut")
-REFUSALS = ("skewed", "incomplete")
+REFUSALS = ("skewed", "incomplete", "flip")
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
     "upgrade", "expect", "content-length",
@@ -209,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self._drop()
             return
+        if fault == "flip" and self.command == "GET" and data:
+            data = bytes([data[0] ^ 0x01]) + data[1:]
         length = len(data)
         if self.command == "HEAD":
             length = int({k.lower(): v for k, v in headers}.get("content-length") or 0)

@@ -107,6 +107,25 @@ def test_each_fault_is_transient(moto: str, bucket: str, proxy: FaultProxy, faul
         store.get("c/ab/x")
 
 
+@pytest.mark.parametrize("max_size", [None, 4096, 1 << 20])
+def test_a_body_changed_in_transit_is_never_returned(
+    moto: str, bucket: str, proxy: FaultProxy, max_size: int | None
+) -> None:
+    """The object's checksum catches it, with a size bound too (a chunk's or the header's
+    read). Regression: a bounded read never reached the end of the body, where botocore
+    checks the checksum, and returned the changed bytes (an IntegrityError for a chunk,
+    which then counted as damaged, where a retry would have read it whole)."""
+    data = os.urandom(4096)
+    S3Store(bucket, "p", endpoint_url=moto).put("c/ab/x", data)
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["flip"])
+    with pytest.raises(TransientStoreError, match="FlexibleChecksumError"):
+        store.get("c/ab/x", max_size)
+    assert proxy.injected["flip"] == 1
+    proxy.set_faults(0.0)
+    assert store.get("c/ab/x", max_size) == data
+
+
 def test_a_body_cut_short_in_transit_is_transient(
     moto: str, bucket: str, proxy: FaultProxy
 ) -> None:
