@@ -15,6 +15,9 @@ import socket
 log = logging.getLogger(__name__)
 
 NOTIFY_SOCKET = "NOTIFY_SOCKET"
+# A datagram to a socket whose queue is full waits for room: bounded, so that a
+# manager that does not read its socket cannot keep `sealfs mount` from returning.
+SEND_TIMEOUT = 10.0
 
 
 def notify_ready(main_pid: int | None = None) -> None:
@@ -40,5 +43,6 @@ def _send(address: str, message: bytes) -> None:
     # "@name" is a socket in the abstract namespace, as in sd_notify(3).
     target = "\0" + address[1:] if address.startswith("@") else address
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(SEND_TIMEOUT)
         sock.connect(target)
         sock.sendall(message)

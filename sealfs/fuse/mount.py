@@ -376,7 +376,9 @@ async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> 
         log.warning("mount %s does not answer: %s", mountpoint, exc)
     else:
         _tune_read_ahead(st.st_dev)
-    on_ready()
+    # In a thread: on_ready may wait (a readiness datagram to a full socket), and this
+    # loop answers the mount's requests meanwhile.
+    await trio.to_thread.run_sync(on_ready)
 
 
 def _tune_read_ahead(device: int) -> None:

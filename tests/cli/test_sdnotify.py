@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv, sealfs
+from tests.mounts import VolumeEnv, force_unmount, mounted_sealfs, sealfs
 
 
 @pytest.fixture
@@ -97,3 +99,68 @@ def test_an_unreachable_notify_socket_leaves_the_mount_working(
         (volume_env.mnt / "file").write_text("still written")
     finally:
         volume_env.umount()
+
+
+@pytest.fixture
+def full_notify_socket(tmp_path: Path) -> Iterator[str]:
+    """A datagram socket that nobody reads, its queue full: a blocking send to it waits
+    for ever (a service manager that does not read its socket)."""
+    path = str(tmp_path / "full")
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock,
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler,
+    ):
+        sock.bind(path)
+        filler.connect(path)
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                filler.send(b"X")
+        yield path
+
+
+def test_a_foreground_mount_serves_when_the_notification_cannot_go(
+    volume_env: VolumeEnv, full_notify_socket: str
+) -> None:
+    """Regression: the send blocked trio's loop, so the mount answered nothing (and no
+    SIGTERM), for as long as the socket's queue stayed full."""
+    command = [sys.executable, "-m", "sealfs.cli.main", *volume_env.mount_args(log=False)]
+    with subprocess.Popen(
+        [*command, "--foreground"],
+        env=_mount_env(full_notify_socket),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    ) as daemon:
+        try:
+            # From the mount table: a stat would wait on a mount that does not answer.
+            while str(volume_env.mnt) not in [mnt for mnt, _ in mounted_sealfs()]:
+                assert daemon.poll() is None, daemon.communicate()[1].decode()
+                time.sleep(0.05)
+            # In a child: a mount that does not answer leaves it waiting, not this test.
+            written = subprocess.run(
+                ["sh", "-c", f"echo served > {volume_env.mnt}/file"], timeout=60, check=False
+            )
+            assert written.returncode == 0
+            assert sealfs("umount", str(volume_env.mnt)).returncode == 0
+            _, stderr = daemon.communicate(timeout=60)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+            force_unmount(str(volume_env.mnt))
+    assert daemon.returncode == 0, stderr.decode()
+    assert "cannot tell systemd the mount is ready" in stderr.decode()
+
+
+def test_a_daemonised_mount_returns_when_the_notification_cannot_go(
+    volume_env: VolumeEnv, full_notify_socket: str
+) -> None:
+    """Regression: `sealfs mount` waited in the send for ever, its daemon serving."""
+    try:
+        result = sealfs(*volume_env.mount_args(), env=_mount_env(full_notify_socket))
+        assert result.returncode == 0, result.stderr
+        assert "cannot tell systemd the mount is ready" in result.stderr
+        (volume_env.mnt / "file").write_text("served")
+    finally:
+        if volume_env.daemon_pids():
+            volume_env.umount()
