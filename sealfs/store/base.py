@@ -176,15 +176,31 @@ class NotARegularFileError(OSError):
 
 
 def _open_regular(path: Path | str) -> io.FileIO:
-    """The regular file at path opened for reading (see read_regular_file)."""
-    f = io.FileIO(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
-    mode = os.fstat(f.fileno()).st_mode
-    if stat.S_ISREG(mode):
-        return f
-    f.close()
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(f"{path} is a directory")
-    raise NotARegularFileError(f"{path} is not a regular file")
+    """The regular file at path opened for reading (see read_regular_file).
+
+    Looked at before it is opened: an O_PATH descriptor opens nothing, and the file
+    is then opened through it. Opening a device can act (/dev/watchdog starts a
+    watchdog that reboots the host when closed without its magic character, a tape
+    rewinds), and O_NONBLOCK spares only a FIFO's wait.
+    """
+    probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(probe).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{path} is a directory")
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"{path} is not a regular file")
+        try:  # the very file looked at, even if path now names another
+            fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:  # no /proc: by its path, and looked at again below
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(probe)
+    f = io.FileIO(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise NotARegularFileError(f"{path} is not a regular file")
+    return f
 
 
 HASH_BLOCK = 1 << 20

@@ -629,3 +629,46 @@ def test_stat_hashes_an_object_without_holding_it_whole(tmp_path: Path) -> None:
     assert info.size == 256 << 20
     assert info.etag == hashlib.sha256(b"header" + bytes((256 << 20) - 6)).hexdigest()
     assert peak < 16 << 20
+
+
+def _opens_of(path: Path) -> Callable[[], int]:
+    """A counter of the opens of path from now on (inotify IN_OPEN), for a test to read."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    assert libc.inotify_add_watch(fd, os.fsencode(path), 0x20) >= 0  # IN_OPEN
+    seen = 0
+
+    def opens() -> int:
+        nonlocal seen
+        try:
+            while data := os.read(fd, 4096):
+                seen += len(data) // 16  # struct inotify_event, no name for a watched file
+        except BlockingIOError:
+            pass
+        return seen
+
+    return opens
+
+
+def test_an_object_that_is_no_regular_file_is_never_opened(tmp_path: Path) -> None:
+    # Opening a device can act: /dev/watchdog starts the watchdog, which reboots the host
+    # when its file is closed without the magic character; a tape rewinds. Whoever may
+    # write to the store's directory could link an object's name to one, and the daemon
+    # (root, often) opened it before it looked at what it was.
+    store = LocalStore(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "c" / "ab").mkdir(parents=True)
+    (tmp_path / "c" / "ab" / "x").symlink_to(fifo)
+    opens = _opens_of(fifo)
+    with pytest.raises(FormatError, match="not a regular file"):
+        store.get("c/ab/x")
+    with pytest.raises(FormatError, match="not a regular file"):
+        store.stat("c/ab/x")
+    assert opens() == 0
+    store.put("c/ab/y", b"sealed")  # a regular object still reads, through its link too
+    (tmp_path / "c" / "ab" / "x").unlink()
+    (tmp_path / "c" / "ab" / "x").symlink_to(tmp_path / "c" / "ab" / "y")
+    assert store.get("c/ab/x") == b"sealed"
+    assert store.stat("c/ab/x").size == 6
