@@ -110,7 +110,11 @@ def report_bug(exc: Exception) -> int:
     Every error sealfs means to raise is a SealfsError (or an OSError) with its
     own message and code; anything else is a bug, and the line says so.
     """
-    text = " ".join(str(exc).split()) or "(no message)"  # one line, even if the message is not
+    try:
+        message = str(exc)
+    except Exception:  # a bug in the bug: the line and the code still say what it is
+        message = "(its message cannot be shown)"
+    text = " ".join(message.split()) or "(no message)"  # one line, even if the message is not
     print(
         f"sealfs: unexpected {type(exc).__name__}: {text}; this is a bug in sealfs;"
         f" please report it (run with {DEBUG_ENV}=1 for the traceback)",

@@ -116,6 +116,24 @@ def test_unexpected_exception_is_one_line_and_its_own_code(
     assert BUG not in (0, FAILURE, USAGE, WRONG_KEY, DAMAGED, BUSY)
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_a_bug_whose_message_fails_is_still_a_bug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], debug: str
+) -> None:
+    """Regression: an exception whose str() raised escaped main from the report itself,
+    a traceback and exit code 1 (a failure) instead of a bug's line and code."""
+    monkeypatch.setenv(DEBUG_ENV, debug)
+    monkeypatch.setattr(main_module, "setup_logging", _raise(_Unprintable()))
+    assert main(["status", "store"]) == BUG
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert last.startswith("sealfs: unexpected _Unprintable: (its message cannot be shown);")
+
+
 def test_debug_variable_shows_the_traceback_and_keeps_the_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
