@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -12,7 +13,7 @@ import subprocess
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -631,12 +632,12 @@ def test_stat_hashes_an_object_without_holding_it_whole(tmp_path: Path) -> None:
     assert peak < 16 << 20
 
 
-def _opens_of(path: Path) -> Callable[[], int]:
+@contextlib.contextmanager
+def _opens_of(path: Path) -> Iterator[Callable[[], int]]:
     """A counter of the opens of path from now on (inotify IN_OPEN), for a test to read."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
     assert fd >= 0, os.strerror(ctypes.get_errno())
-    assert libc.inotify_add_watch(fd, os.fsencode(path), 0x20) >= 0  # IN_OPEN
     seen = 0
 
     def opens() -> int:
@@ -648,7 +649,11 @@ def _opens_of(path: Path) -> Callable[[], int]:
             pass
         return seen
 
-    return opens
+    try:
+        assert libc.inotify_add_watch(fd, os.fsencode(path), 0x20) >= 0  # IN_OPEN
+        yield opens
+    finally:
+        os.close(fd)
 
 
 def test_an_object_that_is_no_regular_file_is_never_opened(tmp_path: Path) -> None:
@@ -661,12 +666,12 @@ def test_an_object_that_is_no_regular_file_is_never_opened(tmp_path: Path) -> No
     os.mkfifo(fifo)
     (tmp_path / "c" / "ab").mkdir(parents=True)
     (tmp_path / "c" / "ab" / "x").symlink_to(fifo)
-    opens = _opens_of(fifo)
-    with pytest.raises(FormatError, match="not a regular file"):
-        store.get("c/ab/x")
-    with pytest.raises(FormatError, match="not a regular file"):
-        store.stat("c/ab/x")
-    assert opens() == 0
+    with _opens_of(fifo) as opens:
+        with pytest.raises(FormatError, match="not a regular file"):
+            store.get("c/ab/x")
+        with pytest.raises(FormatError, match="not a regular file"):
+            store.stat("c/ab/x")
+        assert opens() == 0
     store.put("c/ab/y", b"sealed")  # a regular object still reads, through its link too
     (tmp_path / "c" / "ab" / "x").unlink()
     (tmp_path / "c" / "ab" / "x").symlink_to(tmp_path / "c" / "ab" / "y")
