@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sealfs.errors import ObjectNotFoundError, PreconditionFailedError
-from sealfs.keys.header import HEADER_NAME
+from sealfs.errors import FormatError, ObjectNotFoundError, PreconditionFailedError
+from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE
 from sealfs.store.base import ObjectStore
 from sealfs.volume.loader import read_header
 
@@ -50,8 +50,8 @@ def write_header(store: ObjectStore, old: HeaderVersion, new: bytes) -> None:
         store.put_if_match(HEADER_NAME, new, old.etag)
     except PreconditionFailedError:
         try:
-            current = store.get(HEADER_NAME)
-        except ObjectNotFoundError:
+            current = store.get(HEADER_NAME, MAX_HEADER_SIZE)
+        except (ObjectNotFoundError, FormatError):  # gone, or grown past any header
             current = b""
         if current != new:  # (equal: a retried request of ours had already landed)
             raise PreconditionFailedError(

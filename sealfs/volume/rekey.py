@@ -234,16 +234,15 @@ class Rekeyer:
 
     def _reseal(self, name: str) -> int:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
+        bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else None
         try:
-            bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else None
-            return get_opened(self._store, name, lambda data: self._reseal_from(name, data), bound)
+            return get_opened(
+                self._store, name, lambda data: self._reseal_checked(name, data), bound
+            )
         except ObjectNotFoundError:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
-
-    def _reseal_from(self, name: str, data: bytes) -> int:
-        try:
-            return self._reseal_checked(name, data)
         except (IntegrityError, FormatError) as exc:
+            # Refused as it was read (too large) or as it was opened, alike.
             if not self._never_recorded(name):
                 raise
             # A chunk no commit ever named: what a crash (a power cut before the chunks'

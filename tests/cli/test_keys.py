@@ -11,6 +11,7 @@ import json
 import logging
 import subprocess
 import threading
+import tracemalloc
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -455,3 +456,22 @@ def test_kdf_memory_given_alone_is_the_memory_of_the_slot(monkeypatch: pytest.Mo
     args = argparse.Namespace(kdf_memory=1024, kdf_iterations=None)
     params = init_cmd.kdf_params(args)
     assert (params.memory_kib, params.iterations) == (1024 * 1024, 1)
+
+
+def test_a_header_grown_meanwhile_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """Regression: after a lost race, write_header read the header it lost to whole,
+    however large someone with access to the store had made it (a sparse file)."""
+    store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, cheap_kdf(), RECOVERY_KEY)
+    old = read_header_version(store)
+    new = add_slot(_unlocker(old.data), recovery_slot_maker(bytes(32)))[0]
+    with open(tmp_path / "store" / HEADER_NAME, "r+b") as f:
+        f.truncate(256 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PreconditionFailedError, match="changed meanwhile"):
+            write_header(store, old, new)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20

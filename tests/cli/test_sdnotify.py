@@ -31,6 +31,17 @@ def _mount_env(address: str) -> dict[str, str]:
     return {**os.environ, "NOTIFY_SOCKET": address}
 
 
+def _foreground_mount(volume_env: VolumeEnv, address: str) -> subprocess.Popen[bytes]:
+    """`sealfs mount --foreground` as a Type=notify unit runs it (stderr to a pipe)."""
+    command = [sys.executable, "-m", "sealfs.cli.main", *volume_env.mount_args(log=False)]
+    return subprocess.Popen(
+        [*command, "--foreground"],
+        env=_mount_env(address),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 def _receive(sock: socket.socket) -> dict[str, str]:
     message = sock.recv(4096).decode()
     return dict(line.split("=", 1) for line in message.splitlines())
@@ -40,13 +51,7 @@ def test_a_foreground_mount_says_ready_once_it_serves(
     volume_env: VolumeEnv, notify_socket: tuple[socket.socket, str]
 ) -> None:
     sock, address = notify_socket
-    command = [sys.executable, "-m", "sealfs.cli.main", *volume_env.mount_args(log=False)]
-    with subprocess.Popen(
-        [*command, "--foreground"],
-        env=_mount_env(address),
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    ) as daemon:
+    with _foreground_mount(volume_env, address) as daemon:
         try:
             fields = _receive(sock)
             # Whoever systemd starts after READY=1 finds the volume, not an empty directory.
@@ -124,13 +129,7 @@ def test_a_foreground_mount_serves_when_the_notification_cannot_go(
 ) -> None:
     """Regression: the send blocked trio's loop, so the mount answered nothing (and no
     SIGTERM), for as long as the socket's queue stayed full."""
-    command = [sys.executable, "-m", "sealfs.cli.main", *volume_env.mount_args(log=False)]
-    with subprocess.Popen(
-        [*command, "--foreground"],
-        env=_mount_env(full_notify_socket),
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    ) as daemon:
+    with _foreground_mount(volume_env, full_notify_socket) as daemon:
         try:
             # From the mount table: a stat would wait on a mount that does not answer.
             while str(volume_env.mnt) not in [mnt for mnt, _ in mounted_sealfs()]:

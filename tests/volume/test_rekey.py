@@ -23,6 +23,7 @@ from sealfs.keys.slots import (
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import CachingStore
+from sealfs.volume.chunks import MAX_SEALED_CHUNK
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import open_volume
@@ -215,15 +216,20 @@ async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
     check_rekeyed(volume_store, 1)
 
 
+@pytest.mark.parametrize("damage", ["cut short", "too large"])
 async def test_a_damaged_chunk_no_file_uses_does_not_stop_the_rekey(
-    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     """What a power cut leaves of a chunk written but never committed: a file cut short
-    under the chunk's name (after a direct write, to its last whole 4 KiB)."""
+    under the chunk's name (after a direct write, to its last whole 4 KiB). Or one
+    larger than any chunk, refused before it is read: the same leniency (regression:
+    that refusal stopped the rekey)."""
     async with mounted(volume_store) as volume:
         files = await write_sample(volume, b"p", 1 << 20)
     leftover = "c/ff/" + "ff" * 32
-    volume_store.put(leftover, volume_store.get(volume_store.list("c/")[0])[:4096])
+    sealed = volume_store.get(volume_store.list("c/")[0])
+    junk = sealed[:4096] if damage == "cut short" else sealed + bytes(MAX_SEALED_CHUNK)
+    volume_store.put(leftover, junk)
     start_rekey(volume_store)
     await rekey_to_the_end(volume_store, files)
     epochs = object_epochs(volume_store)
