@@ -20,8 +20,10 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    # Up to EiB: a sparse file may be as large as FUSE allows (2^63 - 1 bytes), and a
+    # status line read "8388624.0 TiB".
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
