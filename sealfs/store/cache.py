@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -32,6 +33,7 @@ from typing import TypeVar
 
 from sealfs.errors import ConfigError, FormatError, IntegrityError
 from sealfs.store.base import (
+    PRIVATE_DIR_MODE,
     ObjectInfo,
     ObjectStore,
     is_stale_temp,
@@ -103,7 +105,9 @@ class CachingStore:
         """Index the files already in the cache, least recently used (oldest mtime) first."""
         found: list[tuple[float, str, int]] = []
         root = self.cache_dir / CACHED_PREFIX.rstrip("/")
+        _owner_only(self.cache_dir)
         for dirpath, _dirs, files in os.walk(root):
+            _owner_only(Path(dirpath))
             for file in files:
                 path = Path(dirpath) / file
                 try:
@@ -310,6 +314,18 @@ def _valid(name: str) -> bool:
     except ConfigError:
         return False
     return is_cached_name(name)
+
+
+def _owner_only(directory: Path) -> None:
+    """Make a directory of the cache the owner's only, as make_dirs makes them now.
+
+    Caches made before that kept directories that other local users could list
+    (which chunks a mount read, and their sizes), and make_dirs leaves an existing
+    directory as it is.
+    """
+    with contextlib.suppress(OSError):  # not ours to change: the files stay 0600
+        if stat.S_IMODE(directory.stat().st_mode) & 0o077:
+            directory.chmod(PRIVATE_DIR_MODE)
 
 
 def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -225,6 +226,21 @@ def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
         os.umask(old)
 
     assert_owner_only_under(tmp_path / "parent", "cache")
+
+
+def test_a_cache_made_before_that_is_made_owner_only(tmp_path: Path) -> None:
+    """A cache from an older build kept its 0755 directories, which make_dirs leaves
+    as they are; the next mount makes them the owner's only. Files stay 0600."""
+    store, memory = make(tmp_path)
+    memory.put("c/ab/x", b"sealed chunk")
+    assert store.get("c/ab/x") == b"sealed chunk"
+    directories = [tmp_path / "cache", tmp_path / "cache" / "c", tmp_path / "cache" / "c" / "ab"]
+    for directory in directories:
+        directory.chmod(0o755)
+    make(tmp_path)
+    modes = [stat.S_IMODE(d.stat().st_mode) for d in directories]
+    assert modes == [0o700] * 3
+    assert stat.S_IMODE((tmp_path / "cache" / "c" / "ab" / "x").stat().st_mode) == 0o600
 
 
 def test_a_fifo_in_the_cache_is_never_served(
