@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import json
@@ -12,7 +13,7 @@ import pwd
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
@@ -112,9 +113,9 @@ def run_mount(args: argparse.Namespace) -> int:
     # that is a symlink, and the mount table holds the real path anyway.
     mountpoint = os.path.realpath(args.mountpoint)
     _check_paths(args.store, mountpoint, args.cache_dir)  # before the log file is made
-    log_path = "" if args.foreground else _log_path(args.log_file, mountpoint)
+    log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
-    with collector_paused():
+    with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded = unlock_store(args)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
@@ -236,10 +237,23 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
         )
 
 
-def _log_path(given: str | None, mountpoint: str) -> str:
-    """The daemon's log file, opened once here: the daemon opens it after the kernel
-    mount exists, where a failure left a dead mount behind, and a log file inside the
-    mountpoint made the daemon wait on its own mount forever."""
+@contextlib.contextmanager
+def _removed_on_failure(new_log: str) -> Iterator[None]:
+    """Remove new_log (made by this command, "" for none) if the mount fails while it
+    is still empty: a wrong passphrase left an empty log file that named no error."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if new_log and os.path.getsize(new_log) == 0:
+                os.unlink(new_log)
+        raise
+
+
+def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
+    """The daemon's log file, opened once here, and whether this made it: the daemon
+    opens it after the kernel mount exists, where a failure left a dead mount behind,
+    and a log file inside the mountpoint made the daemon wait on its own mount forever."""
     if given is None:
         state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
         try:
@@ -256,13 +270,18 @@ def _log_path(given: str | None, mountpoint: str) -> str:
     path = os.path.abspath(given)
     if inside(path, mountpoint):
         raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
     try:
-        # The owner's only, as reopen_log makes it: created here first, with open()'s
-        # 0666 less the umask, it was readable by every user (writable under umask 0).
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+        try:
+            # The owner's only, as reopen_log makes it: created here first, with open()'s
+            # 0666 less the umask, it was readable by every user (writable under umask 0).
+            os.close(os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:  # (or a symlink: its target is made as before)
+            os.close(os.open(path, flags | os.O_CREAT, 0o600))
+            return path, False
     except OSError as exc:
         raise ConfigError(f"cannot open log file {path}: {exc.strerror}") from None
-    return path
+    return path, True
 
 
 def read_status(mountpoint: str) -> dict[str, object]:

@@ -84,6 +84,11 @@ def test_wrong_passphrase(vol: VolumeEnv, tmp_path: Path) -> None:
     assert "passphrase" in err
     assert not vol.is_mounted()
     one_line(sealfs("status", str(vol.store), "--passphrase-file", str(wrong)), WRONG_KEY)
+    # The log file the failed mount made, empty, is gone; one that was there stays.
+    assert not vol.log.exists()
+    vol.log.write_text("")
+    one_line(mount(vol, "--passphrase-file", str(wrong)), WRONG_KEY)
+    assert vol.log.exists()
 
 
 def test_wrong_recovery_key_file(vol: VolumeEnv, tmp_path: Path) -> None:
