@@ -33,7 +33,7 @@ def notify_ready(main_pid: int | None = None) -> None:
     try:
         _send(address, message.encode())
     except OSError as exc:
-        # The mount works; only the unit's start will time out. Say why in the log.
+        # The mount works; the unit's start fails, systemd never being told. Say why.
         log.warning(
             "cannot tell systemd the mount is ready (%s=%s): %s", NOTIFY_SOCKET, address, exc
         )
