@@ -548,7 +548,8 @@ class Volume:
         self._record(ops.put_inode(inode, **changes))
         return self._attr(inode)
 
-    async def _truncate(self, inode: Inode, size: int, now: int) -> None:
+    async def _truncate(self, inode: Inode, size: int, now: int, **changes: int) -> None:
+        """Cut the file to size; changes: more fields of the same inode record."""
         if inode.is_dir:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
@@ -556,7 +557,7 @@ class Volume:
         await self.files.wait_idle(inode.ino)
         # No await from here on: a flush must not start between the wait and the cut.
         self.files.truncate_buffers(inode.ino, size)
-        self._record(ops.put_inode(inode, size=size, mtime_ns=now, ctime_ns=now))
+        self._record(ops.put_inode(inode, size=size, mtime_ns=now, ctime_ns=now, **changes))
 
     # -- files -------------------------------------------------------------------------
 
@@ -582,14 +583,11 @@ class Volume:
             # As Linux does: whatever the access mode (the kernel checked for write
             # permission), and mtime and ctime change even if the file was empty.
             self._writable()
-            now = time.time_ns()
-            await self._truncate(inode, 0, now)
             # The kernel hands O_TRUNC to the daemon (atomic_o_trunc) and, unlike for
             # truncate(2), clears no set-ID bit itself: as should_remove_suid does,
             # set-user-ID always, set-group-ID when group-executable.
             mode = _without_set_id(inode.mode) if kill_priv else inode.mode
-            if mode != inode.mode:
-                self._record(ops.put_inode(inode, mode=mode, ctime_ns=now))
+            await self._truncate(inode, 0, time.time_ns(), mode=mode)
         elif flags & os.O_ACCMODE != os.O_RDONLY:
             self._writable()
         return self._open_handle(ino, flags)
