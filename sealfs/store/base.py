@@ -163,6 +163,12 @@ def object_too_large(name: str, size: int, max_size: int, where: str) -> FormatE
     )
 
 
+def refuse_too_large(name: str, size: int, max_size: int | None, where: str) -> None:
+    """Raise object_too_large's error if size is over max_size (None: no bound)."""
+    if max_size is not None and size > max_size:
+        raise object_too_large(name, size, max_size, where)
+
+
 class FileTooLargeError(OSError):
     """A file larger than the caller's bound (its size is in st_size)."""
 
@@ -175,32 +181,39 @@ class NotARegularFileError(OSError):
     """An object's path holds a FIFO, device or socket: never an object sealfs wrote."""
 
 
-def _open_regular(path: Path | str) -> io.FileIO:
-    """The regular file at path opened for reading (see read_regular_file).
+def _open_regular(path: Path | str) -> tuple[io.FileIO, int]:
+    """The regular file at path opened for reading, and its size (see read_regular_file).
 
     Looked at before it is opened: an O_PATH descriptor opens nothing, and the file
     is then opened through it. Opening a device can act (/dev/watchdog starts a
     watchdog that reboots the host when closed without its magic character, a tape
     rewinds), and O_NONBLOCK spares only a FIFO's wait.
     """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
-        mode = os.fstat(probe).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(f"{path} is a directory")
-        if not stat.S_ISREG(mode):
-            raise NotARegularFileError(f"{path} is not a regular file")
+        st = os.fstat(probe)
+        _check_regular(path, st.st_mode)
         try:  # the very file looked at, even if path now names another
-            fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:  # no /proc: by its path, and looked at again below
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(f"/proc/self/fd/{probe}", flags)
+        except FileNotFoundError:  # no /proc: by its path, and looked at again
+            fd = os.open(path, flags)
+            try:
+                st = os.fstat(fd)
+                _check_regular(path, st.st_mode)
+            except BaseException:
+                os.close(fd)
+                raise
     finally:
         os.close(probe)
-    f = io.FileIO(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        f.close()
+    return io.FileIO(fd, "rb"), st.st_size
+
+
+def _check_regular(path: Path | str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path} is a directory")
+    if not stat.S_ISREG(mode):
         raise NotARegularFileError(f"{path} is not a regular file")
-    return f
 
 
 HASH_BLOCK = 1 << 20
@@ -214,7 +227,8 @@ def regular_file_etag(path: Path | str) -> tuple[int, str]:
     costs nothing to make) took all memory.
     """
     digest, size = hashlib.sha256(), 0
-    with _open_regular(path) as f:
+    f, _ = _open_regular(path)
+    with f:
         while block := f.read(HASH_BLOCK):
             digest.update(block)
             size += len(block)
@@ -232,8 +246,8 @@ def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
     and its unmount hung), or a symlink to /dev/zero, read into memory without end.
     O_NONBLOCK makes opening a FIFO return at once; it changes nothing for a file.
     """
-    with _open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
+    f, size = _open_regular(path)
+    with f:
         if max_size is not None and size > max_size:
             raise FileTooLargeError(size)
         data = f.readall()
