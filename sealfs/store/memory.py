@@ -14,7 +14,7 @@ from sealfs.errors import ObjectExistsError, ObjectNotFoundError, PreconditionFa
 from sealfs.store.base import (
     ObjectInfo,
     content_etag,
-    object_too_large,
+    refuse_too_large,
     validate_name,
     validate_prefix,
 )
@@ -41,8 +41,7 @@ class MemoryStore:
                 data = self._objects[name]
             except KeyError:
                 raise ObjectNotFoundError(f"object {name} not found in {self.describe()}") from None
-        if max_size is not None and len(data) > max_size:
-            raise object_too_large(name, len(data), max_size, self.describe())
+        refuse_too_large(name, len(data), max_size, self.describe())
         return data
 
     def stat(self, name: str) -> ObjectInfo:

@@ -51,7 +51,7 @@ from sealfs.errors import (
 from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
-    object_too_large,
+    refuse_too_large,
     validate_name,
     validate_prefix,
 )
@@ -394,14 +394,10 @@ class S3Store:
             body = response["Body"]
             expected = response.get("ContentLength")
             try:
-                if max_size is not None:
-                    if expected is not None and int(expected) > max_size:
-                        raise object_too_large(name, int(expected), max_size, self.describe())
-                    data: bytes = _read_at_most(body, max_size + 1)
-                    if len(data) > max_size:  # no length was given, or it was not the body's
-                        raise object_too_large(name, len(data), max_size, self.describe())
-                else:
-                    data = body.read()
+                refuse_too_large(name, int(expected or 0), max_size, self.describe())
+                data: bytes = body.read() if max_size is None else _read_at_most(body, max_size + 1)
+                # No length was given, or it was not the body's:
+                refuse_too_large(name, len(data), max_size, self.describe())
             finally:
                 body.close()
             if expected is not None and len(data) != int(expected):
