@@ -30,6 +30,10 @@ class IntegrityError(SealfsError):
     """Authentication failed: the object was tampered with, swapped or corrupted."""
 
 
+class RolledBackError(IntegrityError):
+    """The store holds an older generation than this host saw committed there."""
+
+
 class WrongKeyError(SealfsError):
     """No keyslot opened with the secret that was given."""
 

@@ -109,6 +109,20 @@ def mounted_env(volume_env: VolumeEnv) -> Iterator[VolumeEnv]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def host_state_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What mounts record about the volumes they saw goes under this run's temporary
+    directory (here and in every CLI subprocess), not into the home directory."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    if saved is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = saved
+
+
+@pytest.fixture(autouse=True, scope="session")
 def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the whole run, no sealfs mount made by this run may remain."""
     base = str(tmp_path_factory.getbasetemp())

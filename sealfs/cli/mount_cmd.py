@@ -14,15 +14,15 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize, reopen_log
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
-from sealfs.cli.paths import inside
+from sealfs.cli.paths import inside, state_dir
 from sealfs.cli.sdnotify import notify_ready
+from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
@@ -72,6 +72,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="take the volume from a writer on another host that crashed (if it still"
         " runs, it is fenced and loses what it had not committed)",
     )
+    p.add_argument(
+        "--accept-rollback",
+        action="store_true",
+        help="mount a store that holds an older generation than this host saw there"
+        " (after restoring it from a backup on purpose)",
+    )
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
     p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
     p.set_defaults(run=run_mount)  # fmt: skip
@@ -117,6 +123,10 @@ def run_mount(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded = unlock_store(args)
+        seen = SeenVolume(loaded.volume_id, loaded.store.describe())
+        if not args.accept_rollback:
+            seen.check(loaded.live.generation)
+        seen.remember(loaded.live.generation, replace=args.accept_rollback)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         volume = Volume(loaded, options)
@@ -125,10 +135,10 @@ def run_mount(args: argparse.Namespace) -> int:
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
     if args.foreground:
-        return _serve(loaded, volume, mountpoint, _report_to_systemd, _log_on_stderr)
+        return _serve(loaded, volume, seen, mountpoint, _report_to_systemd, _log_on_stderr)
     return daemonize(
         lambda report: _serve_daemon(
-            loaded, volume, mountpoint, report, log_path, verbose=args.verbose
+            loaded, volume, seen, mountpoint, report, log_path, verbose=args.verbose
         ),
         log_path,
     )
@@ -137,6 +147,7 @@ def run_mount(args: argparse.Namespace) -> int:
 def _serve_daemon(
     loaded: Loaded,
     volume: Volume,
+    seen: SeenVolume,
     mountpoint: str,
     report: Report,
     log_path: str,
@@ -155,7 +166,7 @@ def _serve_daemon(
             return
         log.info("received SIGHUP: reopened log file %s", log_path)
 
-    return _serve(loaded, volume, mountpoint, report, reopen)
+    return _serve(loaded, volume, seen, mountpoint, report, reopen)
 
 
 def _report_to_systemd(code: int, message: str) -> None:
@@ -171,6 +182,7 @@ def _log_on_stderr() -> None:
 def _serve(
     loaded: Loaded,
     volume: Volume,
+    seen: SeenVolume,
     mountpoint: str,
     report: Report,
     on_hangup: Callable[[], None],
@@ -189,7 +201,8 @@ def _serve(
         loaded.live.generation,
     )
     try:
-        serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
+        with kept_current(seen, lambda: volume.commits.generation):
+            serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
     except SealfsError as exc:
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.
@@ -255,18 +268,18 @@ def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
     opens it after the kernel mount exists, where a failure left a dead mount behind,
     and a log file inside the mountpoint made the daemon wait on its own mount forever."""
     if given is None:
-        state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+        state = state_dir()
         try:
             # 0700, as the XDG base directory spec asks of a directory it creates.
-            (state / "sealfs").mkdir(mode=0o700, parents=True, exist_ok=True)
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             # A service account's home is often missing or not its own (/nonexistent):
             # this said only "Permission denied: /nonexistent" (exit 1).
             raise ConfigError(
-                f"cannot create the log directory {state / 'sealfs'}: {exc.strerror}; pass"
+                f"cannot create the log directory {state}: {exc.strerror}; pass"
                 " --log-file FILE (or set XDG_STATE_HOME), or mount with --foreground"
             ) from None
-        given = str(state / "sealfs" / "sealfs.log")
+        given = str(state / "sealfs.log")
     path = os.path.abspath(given)
     if inside(path, mountpoint):
         raise ConfigError(f"log file {path} is inside the mountpoint: put it elsewhere")

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from sealfs.errors import ConfigError
 from sealfs.store.url import is_local_url, local_path
+
+
+def state_dir() -> Path:
+    """sealfs's directory for host state (the default log, what each volume was seen at)."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says ignore it
+        base = str(Path.home() / ".local" / "state")
+    return Path(base) / "sealfs"
 
 
 def inside(path: str, directory: str) -> bool:

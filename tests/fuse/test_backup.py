@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli.exitcodes import DAMAGED
+from tests.cli.test_bad_input import fingerprint, one_line
 from tests.mounts import VolumeEnv, sealfs
 from tests.prereq import require
 
@@ -138,7 +140,10 @@ def test_the_readme_backup_of_a_live_store_is_complete(
 
 def test_the_readme_restore_brings_back_the_copy_s_generation(volume_env: VolumeEnv) -> None:
     require(shutil.which("rsync") is not None, "rsync is needed (scripts/setup installs it)")
-    restore = re.search(r"To restore, unmount, then `([^`]+)`", README.read_text())
+    restore = re.search(
+        r"To restore, unmount, then `([^`]+)`, and mount\s+once with `([^`]+)`",
+        README.read_text(),
+    )
     assert restore is not None, "README lost its restore command"
     env = volume_env
     env.mount()
@@ -154,9 +159,16 @@ def test_the_readme_restore_brings_back_the_copy_s_generation(volume_env: Volume
     assert _generation(env) > copied
     subprocess.run(restore.group(1), shell=True, cwd=env.root, check=True)
     assert _generation(env) == copied
-    env.mount()
+    restored = fingerprint(env.store)
+    refused = env.mount(check=False)  # this host saw the newer generation
+    assert "rolled back or restored" in one_line(refused, DAMAGED)
+    assert restore.group(2) in refused.stderr
+    assert fingerprint(env.store) == restored  # nothing written, the writer not claimed
+    env.mount(restore.group(2))
     assert sorted(p.name for p in env.mnt.iterdir()) == ["kept.txt"]
     assert (env.mnt / "kept.txt").read_text() == "version 1"
+    env.umount()
+    env.mount()  # accepted once: the restored generation is the one this host knows now
     env.umount()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.crypto.envelope import ENVELOPE_OVERHEAD
-from tests.mounts import VolumeEnv
+from tests.mounts import VolumeEnv, sealfs
 
 pytestmark = pytest.mark.fuse
 
@@ -200,6 +200,30 @@ def test_missing_middle_segment_refuses_mount(env: VolumeEnv) -> None:
     segments[2].unlink()
     err = refused_mount(env)
     assert "missing" in err, err
+
+
+def test_newest_segments_deleted_refuse_mount_on_the_host_that_saw_them(env: VolumeEnv) -> None:
+    """A log cut short leaves only authentic objects: the host's record is what tells."""
+    older = {p.relative_to(env.store) for p in env.store.glob("[ls]/*")}
+    env.mount()
+    try:
+        for i in range(3):
+            (env.mnt / f"later-{i}.txt").write_text(f"written after the cut {i}")
+            assert sealfs("sync", str(env.mnt)).returncode == 0  # a commit each
+    finally:
+        env.umount()
+    newer = [p for p in env.store.glob("[ls]/*") if p.relative_to(env.store) not in older]
+    assert len(newer) >= 4  # the writer's claim, three syncs, the release
+    for path in newer:
+        path.unlink()
+    err = refused_mount(env)
+    assert "rolled back" in err and "--accept-rollback" in err, err
+    env.mount("--accept-rollback")
+    try:
+        assert sorted(p.name for p in env.mnt.iterdir()) == ["data.bin"]
+        assert (env.mnt / "data.bin").read_bytes() == DATA
+    finally:
+        env.umount()
 
 
 def test_tampered_header_refuses_mount(env: VolumeEnv) -> None:

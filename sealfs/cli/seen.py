@@ -1,0 +1,174 @@
+"""What this host has seen of each volume: the newest generation, per store location.
+
+The threat model lets the store roll back: delete the newest log segments, or
+put back an older copy of every object. What is left is authentic, so nothing
+in the store can reveal it; only a record kept apart from the store can. Each
+mount remembers the newest generation it saw committed, per volume and store
+location (a copy at another path or prefix diverges legitimately and has a
+record of its own), and the next mount that finds the store behind that
+refuses unless told the restore was meant (--accept-rollback).
+
+The record is a hint kept in the state directory, never needed to open a
+volume: a host that lost it (or never had it) checks nothing, so a failure to
+read or write it is a warning, not an error. It holds the volume id, the
+store's description and a generation number, all of which the store or the
+command line shows anyway; no key material and nothing of the volume's content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sealfs.cli.paths import state_dir
+from sealfs.errors import RolledBackError
+
+log = logging.getLogger(__name__)
+
+_MAX_RECORD = 64 * 1024  # a record is about 200 bytes; anything larger is not one
+RECORD_INTERVAL = 30.0  # seconds between records while a mount runs (one small fsync)
+
+
+@dataclass(frozen=True)
+class SeenVolume:
+    """The record of one volume at one store location."""
+
+    volume_id: bytes
+    location: str  # the store's description: its absolute path, or bucket, prefix, endpoint
+
+    @property
+    def path(self) -> Path:
+        where = hashlib.sha256(self.location.encode("utf-8", "surrogateescape")).hexdigest()
+        return state_dir() / "seen" / f"{self.volume_id.hex()}-{where[:16]}.json"
+
+    def check(self, generation: int) -> None:
+        """Raise RolledBackError if this host saw a newer generation at this location."""
+        seen = self._read()
+        if seen is None or generation >= seen[0]:
+            return
+        newest, at_ns = seen
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
+        raise RolledBackError(
+            f"the {self.location} holds generation {generation} of volume"
+            f" {self.volume_id.hex()}, but this host saw generation {newest} there ({when}):"
+            f" the store was rolled back or restored from an older copy, and what was"
+            f" committed after generation {generation} is not in it. If you restored it on"
+            f" purpose, mount once with --accept-rollback"
+        )
+
+    def remember(self, generation: int, *, replace: bool = False) -> None:
+        """Record generation as seen, unless a newer one is (replace: record it anyway)."""
+        try:
+            with self._locked():
+                seen = self._read()
+                if seen is not None and seen[0] >= generation and not replace:
+                    return
+                self._write(generation)
+        except OSError as exc:
+            log.warning(
+                "cannot record generation %d in %s (%s): a rollback of the store to before"
+                " it will not be detected",
+                generation,
+                self.path,
+                exc.strerror or exc,
+            )
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One writer of the record at a time (a read-only and a read-write mount of
+        the same volume both keep it): a slower one never lowers it."""
+        directory = self.path.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self) -> tuple[int, int] | None:
+        """(generation, when it was recorded) or None if there is no usable record."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(_MAX_RECORD + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read %s (%s): rollback not checked", self.path, exc.strerror)
+            return None
+        try:
+            record = json.loads(raw) if len(raw) <= _MAX_RECORD else {}
+            generation, at_ns = record.get("generation"), record.get("seen_at_ns")
+            if type(generation) is int and type(at_ns) is int and generation > 0:
+                return generation, at_ns
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            pass
+        log.warning("%s is not a sealfs record; rollback not checked", self.path)
+        return None
+
+    def _write(self, generation: int) -> None:
+        """Replace the record atomically and durably: a record lost to a power cut
+        weakens the check, a torn one would be ignored, and neither blocks a mount."""
+        record = {
+            "volume_id": self.volume_id.hex(),
+            "store": self.location,
+            "generation": generation,
+            "seen_at_ns": time.time_ns(),
+        }
+        data = json.dumps(record, ensure_ascii=True).encode() + b"\n"
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+            os.replace(temporary, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        finally:
+            os.close(fd)
+        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """A short write to a regular file means the disk is full."""
+    if os.write(fd, data) != len(data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@contextlib.contextmanager
+def kept_current(
+    seen: SeenVolume, generation: Callable[[], int], every: float = RECORD_INTERVAL
+) -> Iterator[None]:
+    """Record the committed generation every so often while a mount serves, and once
+    more at the end: a daemon killed after weeks leaves a record of weeks, not of the
+    day it mounted."""
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(every):
+            seen.remember(generation())
+
+    keeper = threading.Thread(target=keep, name="sealfs-seen", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join()
+        seen.remember(generation())

@@ -1,0 +1,140 @@
+"""The host's record of the newest generation it saw of each volume, per store location."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sealfs.cli.paths import state_dir
+from sealfs.cli.seen import SeenVolume, kept_current
+from sealfs.errors import IntegrityError, RolledBackError
+
+VOLUME = bytes(range(16))
+OTHER_VOLUME = bytes(range(1, 17))
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state" / "sealfs"
+
+
+def test_a_store_behind_what_this_host_saw_is_refused(state: Path) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.check(3)  # nothing recorded yet: nothing to compare
+    seen.remember(7)
+    seen.check(7)
+    seen.check(9)
+    with pytest.raises(RolledBackError) as refused:
+        seen.check(6)
+    assert isinstance(refused.value, IntegrityError)  # exit 4, as for other tampering
+    message = str(refused.value)
+    assert "generation 6" in message and "generation 7" in message, message
+    assert VOLUME.hex() in message and "/srv/agent" in message, message
+    assert "--accept-rollback" in message and "\n" not in message, message
+
+
+def test_the_record_never_goes_back_unless_told(state: Path) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.remember(7)
+    seen.remember(5)  # a read-only mount that loaded earlier, say
+    with pytest.raises(RolledBackError):
+        seen.check(6)
+    seen.remember(5, replace=True)  # --accept-rollback
+    seen.check(5)
+
+
+def test_each_volume_and_location_has_its_own_record(state: Path) -> None:
+    SeenVolume(VOLUME, "local store at /srv/agent").remember(7)
+    SeenVolume(VOLUME, "local store at /backup/agent").check(2)  # a copy diverges legitimately
+    SeenVolume(OTHER_VOLUME, "local store at /srv/agent").check(2)
+    with pytest.raises(RolledBackError):
+        SeenVolume(VOLUME, "local store at /srv/agent").check(2)
+
+
+def test_the_record_is_the_owner_s_and_holds_no_secret(state: Path) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.remember(7)
+    assert seen.path.parent == state / "seen"
+    assert stat.S_IMODE(seen.path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(seen.path.stat().st_mode) == 0o600
+    record = json.loads(seen.path.read_bytes())
+    assert set(record) == {"volume_id", "store", "generation", "seen_at_ns"}
+    assert record["generation"] == 7
+    assert os.listdir(seen.path.parent) == [seen.path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{",
+        b"[7]",
+        b'{"generation": "7", "seen_at_ns": 1}',
+        b'{"generation": 7}',
+        b"x" * 70000,
+    ],
+    ids=["empty", "torn", "not an object", "wrong type", "incomplete", "huge"],
+)
+def test_a_damaged_record_is_ignored_with_a_warning_then_replaced(
+    state: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.path.parent.mkdir(parents=True)
+    seen.path.write_bytes(content)
+    with caplog.at_level(logging.WARNING):
+        seen.check(1)  # the record is a hint: never a reason not to mount
+    assert "rollback not checked" in caplog.text
+    seen.remember(4)
+    with pytest.raises(RolledBackError):
+        seen.check(3)
+
+
+def test_no_usable_state_directory_is_a_warning_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv("XDG_STATE_HOME", str(blocker))  # a file where a directory must be
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    with caplog.at_level(logging.WARNING):
+        seen.remember(7)
+        seen.check(1)
+    assert "cannot record generation 7" in caplog.text
+
+
+def test_a_relative_or_empty_state_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    home = Path.home() / ".local" / "state" / "sealfs"
+    for value in ("", "relative/state"):
+        monkeypatch.setenv("XDG_STATE_HOME", value)
+        assert state_dir() == home  # the XDG spec: such a value is invalid
+    monkeypatch.setenv("XDG_STATE_HOME", "/var/lib/agent")
+    assert state_dir() == Path("/var/lib/agent/sealfs")
+
+
+def test_a_running_mount_keeps_its_record_current(state: Path) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    generation = [3]
+    advanced = threading.Event()
+
+    def committed() -> int:
+        generation[0] += 1
+        if generation[0] >= 10:
+            advanced.set()
+        return generation[0]
+
+    with kept_current(seen, committed, every=0.01):
+        assert advanced.wait(10)
+        deadline = time.monotonic() + 10
+        while json.loads(seen.path.read_bytes())["generation"] < 10:  # written while running
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    final = generation[0]
+    assert json.loads(seen.path.read_bytes())["generation"] == final  # and once at the end
