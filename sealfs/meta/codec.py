@@ -20,6 +20,7 @@ import msgpack
 
 from sealfs.chunking.compress import decompress, maybe_compress
 from sealfs.crypto.envelope import (
+    ENVELOPE_OVERHEAD,
     FLAG_ZSTD,
     ObjectKind,
     generation_binding,
@@ -37,6 +38,8 @@ SEGMENT_PREFIX = "l/"
 SNAPSHOT_PREFIX = "s/"
 _GEN_WIDTH = 16
 MAX_METADATA_SIZE = 1 << 31  # decompression bound for one segment or snapshot
+# No segment or snapshot that opens is larger sealed: a bigger object is refused unread.
+MAX_SEALED_METADATA = MAX_METADATA_SIZE + ENVELOPE_OVERHEAD
 _LEVEL = 3
 
 

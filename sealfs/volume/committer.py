@@ -35,6 +35,7 @@ from sealfs.errors import (
 )
 from sealfs.meta import ops
 from sealfs.meta.codec import (
+    MAX_SEALED_METADATA,
     SNAPSHOT_PREFIX,
     LoggedSegment,
     Segment,
@@ -429,7 +430,7 @@ class Committer:
         writer's: one damaged read (a flipped bit in transit) fenced the mount for good,
         losing everything since its last commit."""
         for _ in range(2):
-            found = self._store.get(name)
+            found = self._store.get(name, MAX_SEALED_METADATA)
             if found == sealed:
                 return True
             try:

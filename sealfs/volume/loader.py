@@ -47,6 +47,7 @@ from sealfs.keys.slots import (
 )
 from sealfs.meta import ops
 from sealfs.meta.codec import (
+    MAX_SEALED_METADATA,
     SEGMENT_PREFIX,
     SNAPSHOT_PREFIX,
     LoggedSegment,
@@ -232,19 +233,19 @@ def _fetch_in_order(
     """
     if len(names) < 2:
         for name in names:
-            yield name, store.get(name)
+            yield name, store.get(name, MAX_SEALED_METADATA)
         return
     pool = ThreadPoolExecutor(max_workers=LOAD_WORKERS, thread_name_prefix="sealfs-load")
     try:
         pending: collections.deque[tuple[str, Future[bytes]]] = collections.deque()
         queue = iter(names)
         for name in itertools.islice(queue, LOAD_AHEAD):
-            pending.append((name, pool.submit(store.get, name)))
+            pending.append((name, pool.submit(store.get, name, MAX_SEALED_METADATA)))
         while pending:
             name, future = pending.popleft()
             data = future.result()
             for more in itertools.islice(queue, 1):
-                pending.append((more, pool.submit(store.get, more)))
+                pending.append((more, pool.submit(store.get, more, MAX_SEALED_METADATA)))
             yield name, data
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -258,7 +259,7 @@ def _load_snapshot(
         if not names:
             return None, MetaState()
         try:
-            sealed = store.get(names[-1])
+            sealed = store.get(names[-1], MAX_SEALED_METADATA)
             break
         except ObjectNotFoundError:
             # A writer deletes a snapshot once two newer ones are written: list again. Still

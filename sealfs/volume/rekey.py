@@ -50,7 +50,12 @@ from sealfs.errors import (
 )
 from sealfs.keys.header import decode_header
 from sealfs.keys.rekey import end_rekey
-from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation
+from sealfs.meta.codec import (
+    MAX_SEALED_METADATA,
+    SEGMENT_PREFIX,
+    SNAPSHOT_PREFIX,
+    parse_generation,
+)
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import get_opened
 from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX, MAX_SEALED_CHUNK
@@ -234,7 +239,7 @@ class Rekeyer:
 
     def _reseal(self, name: str) -> int:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
-        bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else None
+        bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else MAX_SEALED_METADATA
         try:
             return get_opened(
                 self._store, name, lambda data: self._reseal_checked(name, data), bound

@@ -25,6 +25,7 @@ from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, unlock
 from sealfs.meta.codec import (
+    MAX_SEALED_METADATA,
     SEGMENT_PREFIX,
     SNAPSHOT_PREFIX,
     Segment,
@@ -36,6 +37,7 @@ from sealfs.meta.codec import (
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
+from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.loader import (
     create_volume,
@@ -237,3 +239,22 @@ def test_a_header_larger_than_any_header_is_refused_unread() -> None:
     store.put(HEADER_NAME, b"SEALFS\x00\x00" + bytes(MAX_HEADER_SIZE))
     with pytest.raises(FormatError, match=rf"{HEADER_NAME} .* more than the {MAX_HEADER_SIZE}"):
         read_header(store)
+
+
+@pytest.mark.parametrize("prefix", [SEGMENT_PREFIX, SNAPSHOT_PREFIX])
+async def test_a_log_object_larger_than_any_that_opens_is_refused_unread(
+    tmp_path: Path, kdf_params: Argon2Params, prefix: str
+) -> None:
+    """Junk appended to a segment or a snapshot (a sparse file costs nothing) was read
+    into the mount command's memory whole before authentication failed."""
+    store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with mounted(store) as volume:
+        await volume.fsync()
+        await volume.commits.snapshot()
+    name = store.list(prefix)[-1]
+    with open(tmp_path / "store" / name, "r+b") as f:
+        f.truncate(MAX_SEALED_METADATA + 1)  # holes: nothing is written to disk
+    unlocked = unlock(read_header(store), Passphrase(PASSPHRASE))
+    with pytest.raises(FormatError, match=rf"{name} .* more than the {MAX_SEALED_METADATA}"):
+        load_unlocked(store, unlocked)
