@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sealfs.cli.paths import state_dir
@@ -39,12 +39,13 @@ _MAX_RECORD = 64 * 1024  # a record is about 200 bytes; anything larger is not o
 RECORD_INTERVAL = 30.0  # seconds between records while a mount runs (one small fsync)
 
 
-@dataclass(frozen=True)
+@dataclass
 class SeenVolume:
     """The record of one volume at one store location."""
 
     volume_id: bytes
     location: str  # the store's description: its absolute path, or bucket, prefix, endpoint
+    _warned: bool = field(default=False, repr=False)  # one warning per process, not per 30 s
 
     @property
     def path(self) -> Path:
@@ -75,13 +76,16 @@ class SeenVolume:
                     return
                 self._write(generation)
         except OSError as exc:
-            log.warning(
-                "cannot record generation %d in %s (%s): a rollback of the store to before"
-                " it will not be detected",
-                generation,
-                self.path,
-                exc.strerror or exc,
-            )
+            if not self._warned:
+                log.warning(
+                    "cannot record generation %d in %s (%s): a rollback of the store to"
+                    " before it will not be detected (set XDG_STATE_HOME to a directory"
+                    " this user can write)",
+                    generation,
+                    self.path,
+                    exc.strerror or exc,
+                )
+            self._warned = True
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
