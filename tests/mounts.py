@@ -203,6 +203,12 @@ class VolumeEnv:
     def status(self) -> dict[str, Any]:
         return dict(json.loads(os.getxattr(self.mnt, STATUS_XATTR)))
 
+    def store_status(self) -> dict[str, Any]:
+        """`sealfs status STORE --json` of the unmounted volume."""
+        out = sealfs("status", str(self.store), "--passphrase-file", str(self.passfile), "--json")
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout))
+
     def daemon_pids(self) -> list[int]:
         """Pids of the mount daemons serving this volume."""
         return daemon_pids(self.store)

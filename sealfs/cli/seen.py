@@ -52,6 +52,11 @@ class SeenVolume:
         where = hashlib.sha256(self.location.encode("utf-8", "surrogateescape")).hexdigest()
         return state_dir() / "seen" / f"{self.volume_id.hex()}-{where[:16]}.json"
 
+    def newest(self) -> int | None:
+        """The newest generation recorded, if any."""
+        seen = self._read()
+        return None if seen is None else seen[0]
+
     def check(self, generation: int) -> None:
         """Raise RolledBackError if this host saw a newer generation at this location."""
         seen = self._read()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
+from sealfs.cli.seen import SeenVolume
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_store
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
@@ -56,9 +57,10 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             f" (or create a volume there with 'sealfs init {target}')"
         )
     args.store = target
-    volume = Volume(unlock_store(args), VolumeOptions(read_only=True))
-    status = volume_status(volume)
+    loaded = unlock_store(args)
+    status = volume_status(Volume(loaded, VolumeOptions(read_only=True)))
     status["pid"] = None
+    status["seen_generation"] = SeenVolume(loaded.volume_id, loaded.store.describe()).newest()
     return status
 
 
@@ -87,6 +89,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("store", s["store"]),
         ("volume id", s["volume_id"]),
         ("generation", str(s["generation"])),
+        *_seen(s),
         ("last commit", when),
         ("pending", _pending(s)),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
@@ -124,6 +127,16 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         if s.get("stopped") and not s["fenced"]:
             rows.append(("stopped", str(s["stopped"])))
     return rows
+
+
+def _seen(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """For a store: the newest generation this host saw there, if it saw one."""
+    seen = s.get("seen_generation")
+    if seen is None:
+        return []
+    behind = seen > s["generation"]
+    return [("seen on this host", f"generation {seen}" + (" (the store is behind it: rolled"
+             " back or restored; a mount needs --accept-rollback)" if behind else ""))]  # fmt: skip
 
 
 def _pending(s: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import pytest
 
 from sealfs.cli.exitcodes import DAMAGED
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, sealfs
+from tests.mounts import VolumeEnv
 from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
@@ -151,14 +151,14 @@ def test_the_readme_restore_brings_back_the_copy_s_generation(volume_env: Volume
     env.umount()
     for command in readme_backup_commands():
         subprocess.run(command, shell=True, cwd=env.root, check=True)
-    copied = _generation(env)
+    copied = env.store_status()["generation"]
     env.mount()
     (env.mnt / "kept.txt").write_text("version 2")
     (env.mnt / "later.txt").write_text("written after the backup")
     env.umount()
-    assert _generation(env) > copied
+    assert env.store_status()["generation"] > copied
     subprocess.run(restore.group(1), shell=True, cwd=env.root, check=True)
-    assert _generation(env) == copied
+    assert env.store_status()["generation"] == copied
     restored = fingerprint(env.store)
     refused = env.mount(check=False)  # this host saw the newer generation
     assert "rolled back or restored" in one_line(refused, DAMAGED)
@@ -170,10 +170,3 @@ def test_the_readme_restore_brings_back_the_copy_s_generation(volume_env: Volume
     env.umount()
     env.mount()  # accepted once: the restored generation is the one this host knows now
     env.umount()
-
-
-def _generation(env: VolumeEnv) -> int:
-    """The newest committed generation of the unmounted volume (sealfs status STORE)."""
-    out = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile), "--json")
-    assert out.returncode == 0, out.stderr
-    return int(json.loads(out.stdout)["generation"])

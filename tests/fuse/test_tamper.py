@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli.status_cmd import _rows
 from sealfs.crypto.envelope import ENVELOPE_OVERHEAD
 from tests.mounts import VolumeEnv, sealfs
 
@@ -218,6 +219,9 @@ def test_newest_segments_deleted_refuse_mount_on_the_host_that_saw_them(env: Vol
         path.unlink()
     err = refused_mount(env)
     assert "rolled back" in err and "--accept-rollback" in err, err
+    status = env.store_status()
+    assert status["seen_generation"] > status["generation"]
+    assert "rolled back" in dict(_rows(status))["seen on this host"]
     env.mount("--accept-rollback")
     try:
         assert sorted(p.name for p in env.mnt.iterdir()) == ["data.bin"]
