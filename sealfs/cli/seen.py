@@ -45,6 +45,7 @@ class SeenVolume:
 
     volume_id: bytes
     location: str  # the store's description: its absolute path, or bucket, prefix, endpoint
+    accepting: bool = False  # --accept-rollback: the store may be behind, the record goes back
     _warned: bool = field(default=False, repr=False)  # one warning per process, not per 30 s
 
     @property
@@ -58,9 +59,10 @@ class SeenVolume:
         return None if seen is None else seen[0]
 
     def check(self, generation: int) -> None:
-        """Raise RolledBackError if this host saw a newer generation at this location."""
+        """Raise RolledBackError if this host saw a newer generation at this location
+        (unless accepting)."""
         seen = self._read()
-        if seen is None or generation >= seen[0]:
+        if seen is None or generation >= seen[0] or self.accepting:
             return
         newest, at_ns = seen
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
@@ -112,8 +114,8 @@ class SeenVolume:
                 raw = f.read(_MAX_RECORD + 1)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            log.warning("cannot read %s (%s): rollback not checked", self.path, exc.strerror)
+        except OSError as exc:  # the record cannot be written either: remember() warns
+            log.debug("cannot read %s (%s): rollback not checked", self.path, exc.strerror)
             return None
         try:
             record = json.loads(raw) if len(raw) <= _MAX_RECORD else {}
@@ -164,9 +166,11 @@ def _write_all(fd: int, data: bytes) -> None:
 def kept_current(
     seen: SeenVolume, generation: Callable[[], int], every: float = RECORD_INTERVAL
 ) -> Iterator[None]:
-    """Record the committed generation every so often while a mount serves, and once
-    more at the end: a daemon killed after weeks leaves a record of weeks, not of the
-    day it mounted."""
+    """Record the committed generation once the mount serves, every so often while it
+    does, and once more at the end: a daemon killed after weeks leaves a record of
+    weeks, not of the day it mounted. In the daemon: a warning that the record cannot
+    be kept goes to its log, once, not into the one line of a mount that fails."""
+    seen.remember(generation(), replace=seen.accepting)
     stop = threading.Event()
 
     def keep() -> None:

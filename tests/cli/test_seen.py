@@ -47,8 +47,13 @@ def test_the_record_never_goes_back_unless_told(state: Path) -> None:
     seen.remember(5)  # a read-only mount that loaded earlier, say
     with pytest.raises(RolledBackError):
         seen.check(6)
-    seen.remember(5, replace=True)  # --accept-rollback
-    seen.check(5)
+    accepting = SeenVolume(VOLUME, "local store at /srv/agent", accepting=True)
+    accepting.check(5)  # --accept-rollback
+    with kept_current(accepting, lambda: 5, every=3600):
+        pass
+    seen.check(5)  # the mount that accepted it lowered the record
+    with pytest.raises(RolledBackError):
+        seen.check(4)
 
 
 def test_each_volume_and_location_has_its_own_record(state: Path) -> None:
