@@ -256,6 +256,7 @@ class LocalStore:
         durable: flush the bytes before returning, for a temp file whose name
         may become durable before the next sync (see put and put_if_absent).
         """
+        self._check_root()
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             fd, direct = self._create(tmp, direct=self._direct and len(data) >= DIRECT_FROM)
@@ -319,18 +320,28 @@ class LocalStore:
         objects would go on into a new, empty directory on whatever file system is
         underneath, and fsync would report commits that the store never sees.
         """
-        if self._root_id is not None and _dir_id(self.root) != self._root_id:
-            raise StoreError(
-                f"local store at {self.root}: the store directory is gone or was replaced"
-                " (its disk unmounted?): make the store available again, then mount the"
-                " volume again"
-            )
+        self._check_root()
         highest = make_dirs(path, self.root)
         holder = os.path.dirname(os.path.abspath(highest))
         if self._top.startswith(os.path.join(holder, "")):  # made above the root's parent
             self._top = holder
         if self._root_id is None:
             self._root_id = _dir_id(self.root)
+
+    def _check_root(self) -> None:
+        """Raise StoreError if the root is no longer the directory this store started with.
+
+        Checked before every change, not only where directories are made: a root
+        replaced by another volume's store (another disk mounted on the path, a
+        symlink pointed elsewhere) already has l/ and c/ directories, and a commit
+        went into that volume, corrupting it, while fsync reported success here.
+        """
+        if self._root_id is not None and _dir_id(self.root) != self._root_id:
+            raise StoreError(
+                f"local store at {self.root}: the store directory is gone or was replaced"
+                " (its disk unmounted?): make the store available again, then mount the"
+                " volume again"
+            )
 
     def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return the object's bytes. Raises ObjectNotFoundError."""
@@ -433,6 +444,7 @@ class LocalStore:
     def delete(self, name: str) -> None:
         """Delete the object; a missing object is not an error."""
         path = self._path(name)
+        self._check_root()
         try:
             os.unlink(path)
         except _MISSING:
@@ -470,6 +482,7 @@ class LocalStore:
                 raise self._sync_failed
             files, dirs = self._unsynced.take()
             try:
+                self._check_root()  # else the paths name another store's files, or none
                 self._sync_paths(files, dirs)
             except SyncFailedError as exc:
                 self._sync_failed = exc

@@ -495,6 +495,41 @@ def test_a_root_that_went_away_is_not_made_again(tmp_path: Path, replaced: bool)
     assert os.listdir(root) == [] if replaced else not root.exists()
 
 
+@pytest.mark.parametrize("how", ["moved-in", "symlink"])
+def test_a_root_replaced_by_another_store_is_not_written(tmp_path: Path, how: str) -> None:
+    """Regression: a root replaced by another volume's store (another disk mounted on
+    the path, a symlink pointed elsewhere) already has the directories objects go in,
+    so only a new directory noticed it: a commit that added no chunk wrote its log
+    segment into the other volume, which then failed to mount, while fsync reported
+    success here and the store it belonged to never saw it."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    store.put("c/ab/x", b"x")
+    store.put_if_absent("l/0000000000000001", b"mine")
+    store.sync()
+    store.put("c/ab/y", b"unsynced")  # for the sync below
+    other = LocalStore(tmp_path / "other")
+    for name in ("c/ab/z", "l/0000000000000001", "s/0000000000000001"):
+        other.put(name, b"theirs")
+    root.rename(tmp_path / "away")
+    if how == "symlink":
+        root.symlink_to(other.root)
+    else:
+        other.root.rename(root)
+    before = {name: other.get(name) for name in other.list("")}
+    writes: list[Callable[[], object]] = [
+        lambda: store.put_if_absent("l/0000000000000002", b"segment"),
+        lambda: store.put("c/ab/w", b"chunk"),
+        lambda: store.delete("s/0000000000000001"),
+        store.sync,
+    ]
+    for write in writes:
+        with pytest.raises(StoreError, match="the store directory is gone or was replaced"):
+            write()
+    assert {name: other.get(name) for name in other.list("")} == before
+    assert sorted(os.listdir(root / "c" / "ab")) == ["z"]
+
+
 @pytest.mark.parametrize("count", [5, 3 * local.SYNCFS_ABOVE], ids=["by-path", "syncfs"])
 def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count: int) -> None:
     root = crashable_disk.path / "store"
