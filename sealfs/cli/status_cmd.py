@@ -51,7 +51,7 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(
                 f"{target} is inside the sealfs mount {above}: run 'sealfs status {above}'"
             )
-    if is_empty_dir(target):  # an unmounted mountpoint, likely
+    if _is_empty_dir(target):  # an unmounted mountpoint, likely
         raise NotAVolumeError(
             f"{target} is neither mounted nor a volume: give a live mountpoint or a store"
             f" (or create a volume there with 'sealfs init {target}')"
@@ -62,6 +62,16 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
     status["pid"] = None
     status["seen_generation"] = SeenVolume(loaded.volume_id, loaded.store.describe()).newest()
     return status
+
+
+def _is_empty_dir(target: str) -> bool:
+    """is_empty_dir, but False for a directory this user may not list: a store of
+    another user, about which opening it says what is wrong and what to do (this
+    said only "Permission denied: STORE")."""
+    try:
+        return is_empty_dir(target)
+    except PermissionError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:

@@ -168,6 +168,20 @@ def test_a_cache_directory_the_user_may_not_write_is_refused(shared_env: VolumeE
     assert not env.is_mounted()
 
 
+def test_status_of_a_store_the_user_may_not_read_names_the_fix(shared_env: VolumeEnv) -> None:
+    """Regression: it said only "sealfs: Permission denied: STORE", where mount says
+    who may use the store."""
+    env = shared_env
+    give_to_nobody(env)
+    os.chown(env.store, 0, 0)  # mode 0700: root's only, as a store made by `sudo sealfs init`
+    result = as_nobody("status", str(env.store), "--passphrase-file", str(env.passfile))
+    assert result.returncode == 1, result.stderr
+    err = result.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert f"local store at {env.store}" in err, err
+    assert "run sealfs as a user who may read and write the store" in err, err
+
+
 def test_another_user_s_allow_other_mount_is_not_unmounted(shared_env: VolumeEnv) -> None:
     """Regression: umount committed, then fusermount3 (which unmounts only for the
     user who mounted) failed: "entry for MNT not found in /etc/mtab"."""
