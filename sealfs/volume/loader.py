@@ -29,6 +29,7 @@ from sealfs.errors import (
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
+    StoreError,
     UnsupportedVersionError,
     VolumeExistsError,
     WriterConflictError,
@@ -121,8 +122,17 @@ def create_volume(
     )  # fmt: skip
     first = Segment(1, bytes(32), now, [root])
     store.put_if_absent(segment_name(1), encode_segment((0, subkeys), volume_id, first)[0])
-    store.sync()
-    store.put_if_absent(HEADER_NAME, header_bytes)
+    try:
+        store.sync()
+        store.put_if_absent(HEADER_NAME, header_bytes)
+    except StoreError as exc:
+        # Take the segment back: left alone, it made the store "not empty" to the
+        # init that the error asks for ("free space and retry"), which then refused it.
+        if not isinstance(exc, ObjectExistsError):  # a header of someone else's
+            with contextlib.suppress(StoreError):
+                store.delete(segment_name(1))
+                store.sync()
+        raise
     store.sync()
     return decode_header(header_bytes)
 

@@ -18,6 +18,7 @@ from sealfs.errors import (
     FormatError,
     IntegrityError,
     ObjectNotFoundError,
+    StoreError,
     StoreUnavailableError,
     UnsupportedVersionError,
 )
@@ -36,12 +37,13 @@ from sealfs.meta.codec import (
 )
 from sealfs.meta.model import ROOT_INO, WriterInfo
 from sealfs.store.base import ObjectStore
-from sealfs.store.faults import FaultyStore
+from sealfs.store.faults import Fault, FaultyStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.loader import (
     create_volume,
     load_unlocked,
+    open_volume,
     process_start_ns,
     read_header,
     writer_alive,
@@ -191,6 +193,29 @@ def test_a_volume_whose_creation_was_cut_short_has_no_header(kdf_params: Argon2P
     with pytest.raises(StoreUnavailableError):
         create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     assert store.inner.list("") == []
+
+
+@pytest.mark.parametrize(
+    ("method", "fault"), [("put_if_absent", "nospace"), ("sync", "flush_failed")]
+)
+def test_an_init_that_failed_before_the_header_can_be_run_again(
+    kdf_params: Argon2Params, method: str, fault: Fault
+) -> None:
+    """Regression: a disk that filled up between the root's segment and the header
+    failed init with "store disk full ...: free space and retry", and the retry was
+    refused: the segment left behind made the store "not empty and holds no sealfs
+    volume"."""
+    store = FaultyStore(MemoryStore())
+    prefix = HEADER_NAME if method == "put_if_absent" else ""
+    store.fail_next(method, prefix, fault)
+    with pytest.raises(StoreError):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    assert store.inner.list("") == []
+    store.clear()
+    if fault == "flush_failed":  # a local store refuses every later sync: a new process
+        store = FaultyStore(store.inner)
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    assert ROOT_INO in open_volume(store, Passphrase(PASSPHRASE)).live.inodes
 
 
 def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
