@@ -125,16 +125,25 @@ def create_volume(
     try:
         store.sync()
         store.put_if_absent(HEADER_NAME, header_bytes)
-    except StoreError as exc:
-        # Take the segment back: left alone, it made the store "not empty" to the
-        # init that the error asks for ("free space and retry"), which then refused it.
-        if not isinstance(exc, ObjectExistsError):  # a header of someone else's
-            with contextlib.suppress(StoreError):
-                store.delete(segment_name(1))
-                store.sync()
+    except StoreError:
+        _take_back_first_segment(store)
         raise
     store.sync()
     return decode_header(header_bytes)
+
+
+def _take_back_first_segment(store: ObjectStore) -> None:
+    """After a failed init, remove the root's segment unless a header made it a volume.
+
+    Left alone, it made the store "not empty" to the init that the error asks for
+    ("free space and retry"), which then refused it. A header that is there (its
+    put landed though its reply was lost, or another init's) needs the segment: it
+    stays, and so it does when the store cannot even say.
+    """
+    with contextlib.suppress(StoreError):
+        if not _exists(store, HEADER_NAME):
+            store.delete(segment_name(1))
+            store.sync()
 
 
 def read_header(store: ObjectStore) -> bytes:

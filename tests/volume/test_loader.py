@@ -218,6 +218,19 @@ def test_an_init_that_failed_before_the_header_can_be_run_again(
     assert ROOT_INO in open_volume(store, Passphrase(PASSPHRASE)).live.inodes
 
 
+def test_an_init_whose_header_landed_unacknowledged_keeps_the_root_s_segment(
+    kdf_params: Argon2Params,
+) -> None:
+    """The header's put took effect but its reply was lost: the volume exists, and
+    taking its root's segment back would leave a header without a root directory."""
+    store = FaultyStore(MemoryStore())
+    store.fail_next("put_if_absent", HEADER_NAME, "transient_after")
+    with pytest.raises(StoreError):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store.clear()
+    assert ROOT_INO in open_volume(store, Passphrase(PASSPHRASE)).live.inodes
+
+
 def test_a_writer_pid_reused_by_a_later_process_is_not_that_writer() -> None:
     """A writer that died lets its pid be reused: the process now holding it started after
     the writer claimed the volume, so it is not the writer (and cannot hold the mount)."""
