@@ -80,7 +80,8 @@ class CachingStore:
             make_dirs(self.cache_dir, self.cache_dir)
         except OSError as exc:
             raise ConfigError(
-                f"cannot create cache directory {self.cache_dir}: {exc.strerror}"
+                f"cannot create cache directory {self.cache_dir}: {exc.strerror}: choose"
+                " another with --cache-dir"
             ) from exc
         if not os.access(self.cache_dir, os.W_OK | os.X_OK):
             # Taken before: every fill failed, with one warning in the daemon's log per

@@ -199,7 +199,9 @@ def test_full_cache_disk_does_not_fail_get_or_put(
 
 def test_cache_dir_that_cannot_be_created_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(ConfigError, match="cannot create cache directory"):
+    with pytest.raises(
+        ConfigError, match=r"cannot create cache directory .* another with --cache-dir"
+    ):
         CachingStore(MemoryStore(), tmp_path / "file" / "cache", 1000)
 
 
