@@ -339,8 +339,8 @@ class LocalStore:
         if self._root_id is not None and _dir_id(self.root) != self._root_id:
             raise StoreError(
                 f"local store at {self.root}: the store directory is gone or was replaced"
-                " (its disk unmounted?): make the store available again, then mount the"
-                " volume again"
+                " (its disk unmounted?): nothing is written until the same directory is"
+                " back at that path"
             )
 
     def get(self, name: str, max_size: int | None = None) -> bytes:
