@@ -108,7 +108,13 @@ def create_volume(
             f"{store.describe()} already holds a sealfs volume: use it ('sealfs mount'),"
             " or give an empty directory (or an unused S3 prefix) for a new one"
         )
-    if store.list(""):
+    if held := store.list(""):
+        if held == [segment_name(1)]:  # what a kill between init's two writes leaves
+            raise VolumeExistsError(
+                f"{store.describe()} holds only {held[0]}, left by an init that was cut short"
+                f" before its header: if no other init is running on it, delete {held[0]}"
+                " and run init again"
+            )
         raise VolumeExistsError(
             f"{store.describe()} is not empty and holds no sealfs volume: use an empty directory"
         )

@@ -21,6 +21,7 @@ from sealfs.errors import (
     StoreError,
     StoreUnavailableError,
     UnsupportedVersionError,
+    VolumeExistsError,
 )
 from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE
 from sealfs.keys.kdf import Argon2Params
@@ -193,6 +194,20 @@ def test_a_volume_whose_creation_was_cut_short_has_no_header(kdf_params: Argon2P
     with pytest.raises(StoreUnavailableError):
         create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     assert store.inner.list("") == []
+
+
+def test_an_init_killed_before_its_header_is_named_with_the_way_out(
+    kdf_params: Argon2Params,
+) -> None:
+    """A kill between the root's segment and the header leaves the segment alone: the
+    next init is refused (it cannot tell a dead init from a running one), saying which
+    object to delete, not just "not empty"."""
+    store = MemoryStore()
+    store.put(segment_name(1), b"sealed root segment")
+    with pytest.raises(VolumeExistsError, match=rf"holds only {segment_name(1)}, left by"):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store.delete(segment_name(1))
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
 
 
 @pytest.mark.parametrize(
