@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import select
@@ -16,6 +17,7 @@ from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.oserrors import describe_os_error
+from sealfs.cli.stdio import standard_streams, stdout_writable
 from sealfs.errors import SealfsError
 
 DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
@@ -85,7 +87,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     at the right --help.
     """
     parser = build_parser(command_in(argv))
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except SystemExit:
+        # --help and --version print, then exit: their output fails here, where main
+        # reports it (a closed stdout), not in the flush at exit ("Exception ignored").
+        sys.stdout.flush()
+        raise
     if extra:
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
@@ -136,6 +144,7 @@ def _stdout_reader_gone() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    standard_streams()
     try:
         return run(argv)
     except SealfsError as exc:
@@ -149,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             # `sealfs status --json | head -1`: nothing to say, and the flush at exit
             # must not fail on the closed pipe again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return FAILURE
+        if exc.errno == errno.EBADF and not stdout_writable():
+            # `sealfs status >&-`: said only "Bad file descriptor", then Python's flush at
+            # exit failed on the same output again ("Exception ignored ...", exit 120).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            print("sealfs: cannot write the output: stdout is closed", file=sys.stderr)
             return FAILURE
         print(f"sealfs: {describe_os_error(exc)}", file=sys.stderr)
         return FAILURE

@@ -1,0 +1,57 @@
+"""The standard descriptors a command finds: closed ones, and output the locale cannot encode."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import sys
+
+
+def standard_streams() -> None:
+    """Make stdin, stdout and stderr safe to use, whatever the caller left of them.
+
+    A descriptor the caller closed (`<&-`, `>&-`, `2>&-`) made Python set its stream to
+    None: every command failed as a bug ("'NoneType' object has no attribute ..."),
+    a mount's daemon died after the kernel mount was made, leaving it dead, and the
+    next file opened took the number. Each closed one gets /dev/null: stdin reads
+    nothing (no terminal to ask on), stderr discards, and stdout is opened read-only,
+    so that output fails (EBADF) as on the closed descriptor instead of vanishing.
+
+    Output names paths, which may hold bytes that are not UTF-8 (or characters the
+    locale's encoding lacks): they are escaped, as on stderr, where a strict stdout
+    (a UTF-8 locale such as en_US.UTF-8) raised UnicodeEncodeError once the command
+    had done its work: init's recovery key was never shown.
+    """
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_RDONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, flags)  # the lowest free number: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)  # as a standard descriptor is
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's, never closed
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
+def stdout_writable() -> bool:
+    """Whether output can be written to stdout (not closed, not opened for reading only)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # no descriptor (a StringIO in-process): a stream as any
+        return True
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return False
+    return mode in (os.O_WRONLY, os.O_RDWR)
+
