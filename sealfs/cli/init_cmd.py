@@ -10,6 +10,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
 from sealfs.cli.paths import check_key_file_outside_store
 from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
+from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_s3_options
 from sealfs.errors import ConfigError, NotAVolumeError, WrongKeyError
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     check_kdf_options(args)  # before the store is touched or a passphrase asked for
     check_local_directory(args.store, existing=False)
     check_key_file_outside_store(args.recovery_key_file, args.store)
+    check_recovery_key_shown(args.recovery_key_file, "--recovery-key-file")
     store = open_store(
         args.store,
         s3_endpoint=args.s3_endpoint,

@@ -25,6 +25,7 @@ from sealfs.cli.keysource import (
 )
 from sealfs.cli.paths import check_key_file_outside_store
 from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
+from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -237,6 +238,7 @@ def run_add(args: argparse.Namespace) -> int:
     init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
     if args.kind == KIND_RECOVERY:
         check_key_file_outside_store(args.new_recovery_key_file, args.store)
+        check_recovery_key_shown(args.new_recovery_key_file, "--new-recovery-key-file")
     store = store_from(args)
     unlocker = _unlocker(args, pin=False)
     if args.kind == KIND_RECOVERY:

@@ -7,6 +7,8 @@ import io
 import os
 import sys
 
+from sealfs.errors import ConfigError
+
 
 def standard_streams() -> None:
     """Make stdin, stdout and stderr safe to use, whatever the caller left of them.
@@ -55,3 +57,12 @@ def stdout_writable() -> bool:
         return False
     return mode in (os.O_WRONLY, os.O_RDWR)
 
+
+def check_recovery_key_shown(key_file: str | None, option: str) -> None:
+    """Refuse, before anything is made, a new recovery key that would be printed to a
+    closed stdout: the slot was stored, and its key lost with the failed output."""
+    if key_file is None and not stdout_writable():
+        raise ConfigError(
+            f"stdout is closed, where the new recovery key would be shown: give {option}"
+            " FILE (nothing was changed)"
+        )

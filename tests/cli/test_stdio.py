@@ -46,6 +46,28 @@ def test_init_at_a_path_that_is_not_utf8_shows_the_recovery_key(tmp_path: Path) 
     assert "volume id" in status.stdout
 
 
+def test_init_refuses_to_show_the_recovery_key_on_a_closed_stdout(tmp_path: Path) -> None:
+    """Regression: `sealfs init STORE >&-` made the volume, printed its recovery key to
+    nothing and exited 70 ("'NoneType' object has no attribute 'flush'")."""
+    store = tmp_path / "store"
+    passfile = VolumeEnv(tmp_path).passfile
+    result = run_with(">&-", "init", str(store), "--passphrase-file", str(passfile), *CHEAP_KDF)
+    assert result.returncode == USAGE, result.stderr
+    assert "--recovery-key-file" in result.stderr.strip()
+    assert "\n" not in result.stderr.strip()
+    assert not store.exists()
+    result = run_with(
+        ">&-", "init", str(store), "--passphrase-file", str(passfile), *CHEAP_KDF,
+        "--recovery-key-file", str(tmp_path / "rk"),
+    )  # fmt: skip
+    # Made, with its key in the file; the output it could not write is a failure to say.
+    assert (result.returncode, result.stderr) == (
+        1,
+        "sealfs: cannot write the output: stdout is closed\n",
+    )
+    assert (store / "sealfs.vol").exists() and (tmp_path / "rk").exists()
+
+
 def test_a_closed_stdin_is_no_terminal(tmp_path: Path) -> None:
     """Regression: with stdin closed, a command with no passphrase source exited 70
     ("'NoneType' object has no attribute 'isatty'") instead of naming the sources."""
