@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import logging
 import os
 import sys
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterator
 from sealfs.cli.secrets import (
     get_passphrase,
     passphrase_source,
+    prompt_secret,
     read_secret_file,
     secret_source,
 )
@@ -161,7 +161,7 @@ def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
             " or run on a terminal to be asked"
         )
     label = f" for token {token!r}" if token else ""
-    pin = getpass.getpass(f"PKCS#11 PIN{label}: ").encode()
+    pin = prompt_secret(f"PKCS#11 PIN{label}: ", "PKCS#11 PIN")
     if not pin:
         raise ConfigError("the PIN must not be empty")
     return Pin(pin)

@@ -5,11 +5,12 @@ systemd's credentials directory, or a terminal prompt. Never argv, never logs.
 from __future__ import annotations
 
 import contextlib
-import getpass
+import locale
 import logging
 import os
 import stat
 import sys
+import termios
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -156,14 +157,55 @@ def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> 
     if not sys.stdin.isatty():
         raise _no_secret(what, flag, env, credential)
     prompt = what.capitalize()
-    first = getpass.getpass(f"{prompt}: ").encode()
+    first = prompt_secret(f"{prompt}: ", what)
     if not first:
         raise ConfigError("the passphrase must not be empty")
-    if (confirm or new) and getpass.getpass(f"{prompt} (again): ").encode() != first:
+    if (confirm or new) and prompt_secret(f"{prompt} (again): ", what) != first:
         raise ConfigError(
             f"the two passphrases differ: nothing was {'changed' if new else 'created'}"
         )
     return normalize_passphrase(first)
+
+
+def prompt_secret(prompt: str, what: str) -> bytes:
+    """One line typed on the terminal, not echoed, without its newline. Raises ConfigError
+    at the end of input (Ctrl-D).
+
+    Text in the locale's encoding comes back as UTF-8, as getpass gave it; bytes that
+    are not in that encoding (a Latin-1 terminal under a UTF-8 locale) come back as
+    they are, as from a file. getpass decoded them strictly: UnicodeDecodeError, and
+    Ctrl-D an EOFError, each reported as a bug in sealfs (exit 70).
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            fd = out = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            stack.callback(os.close, fd)
+        except OSError:  # no controlling terminal: stdin is one (the caller checked)
+            fd, out = sys.stdin.fileno(), sys.stderr.fileno()
+        old = termios.tcgetattr(fd)
+        quiet = list(old)
+        quiet[3] &= ~termios.ECHO
+        # Echo off first, as getpass does: TCSAFLUSH drops what was typed before it.
+        termios.tcsetattr(fd, termios.TCSAFLUSH, quiet)
+        try:
+            sys.stderr.flush()
+            os.write(out, prompt.encode(errors="replace"))
+            line = b""
+            while not line.endswith(b"\n") and len(line) <= MAX_SECRET_FILE_BYTES:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            termios.tcsetattr(fd, termios.TCSAFLUSH, old)
+            os.write(out, b"\n")
+    if not line:
+        raise ConfigError(f"no {what}: the input ended (Ctrl-D) before one was typed")
+    raw = line.removesuffix(b"\n")
+    try:
+        return raw.decode(locale.getpreferredencoding(False)).encode()
+    except (UnicodeError, LookupError):
+        return raw
 
 
 def _no_secret(what: str, flag: str, env: str, credential: str) -> ConfigError:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pty
+import select
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 from sealfs.cli.init_cmd import recovery_slot_stored
 from sealfs.cli.secrets import (
     MAX_SECRET_FILE_BYTES,
+    PASSPHRASE_ENV,
     get_passphrase,
     read_secret_file,
     secret_file_for_new_slot,
@@ -171,3 +175,60 @@ def test_whether_a_recovery_slot_is_stored(volume_store: ObjectStore) -> None:
     assert recovery_slot_stored(volume_store, RECOVERY_KEY)
     assert not recovery_slot_stored(volume_store, bytes(32))  # a volume, not this key's
     assert not recovery_slot_stored(MemoryStore(), RECOVERY_KEY)  # no volume at all
+
+
+def _typed_on_a_terminal(typed: bytes) -> str:
+    """What the passphrase prompt makes of typed, in a child on a terminal of its own."""
+    probe = (
+        "from sealfs.cli.secrets import get_passphrase\n"
+        "try:\n"
+        "    print('GOT', get_passphrase(None, confirm=False))\n"
+        "except Exception as exc:\n"
+        "    print('ERROR', type(exc).__name__, exc)\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in (PASSPHRASE_ENV, "CREDENTIALS_DIRECTORY")
+    }
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal is its controlling one, and its stdio
+        os.execve(sys.executable, [sys.executable, "-c", probe], env)
+    out = b""
+    try:
+        while b"Passphrase: " not in out:
+            out += os.read(fd, 4096)
+        os.write(fd, typed)
+        while True:
+            ready, _, _ = select.select([fd], [], [], 30)
+            assert ready, f"the prompt did not end: {out!r}"
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return out.decode(errors="replace").split("Passphrase: ", 1)[1].strip()
+
+
+@pytest.mark.parametrize(
+    ("typed", "secret"),
+    [
+        ("café horse\n".encode(), repr("café horse".encode())),
+        # A Latin-1 terminal under a UTF-8 locale: the bytes as sent, as from a file.
+        (b"caf\xe9 horse\n", repr(b"caf\xe9 horse")),
+    ],
+)
+def test_a_typed_secret_is_the_bytes_the_terminal_sent(typed: bytes, secret: str) -> None:
+    """Regression: getpass decoded the typed line strictly, and bytes that are not UTF-8
+    (docs/format.md: used as they are) ended the command as a bug: UnicodeDecodeError."""
+    assert _typed_on_a_terminal(typed) == f"GOT {secret}"
+
+
+def test_end_of_input_at_a_prompt_is_no_secret() -> None:
+    """Regression: Ctrl-D at the passphrase prompt was "unexpected EOFError" (exit 70)."""
+    assert _typed_on_a_terminal(b"\x04") == (
+        "ERROR ConfigError no passphrase: the input ended (Ctrl-D) before one was typed"
+    )
