@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
 from sealfs.errors import ConfigError
 from sealfs.store.base import ObjectStore
@@ -71,9 +71,13 @@ def local_path(url: str) -> Path:
         raise ConfigError("file:// store URLs take no '?' or '#' part: escape them as %3F, %23")
     if parts.netloc not in ("", "localhost"):
         raise ConfigError("file:// store URLs must name a local path: file:///absolute/path")
-    path = unquote(parts.path)
+    # The bytes the escapes name, as a path given directly: unquote() decoded them as
+    # UTF-8 with replacement, so file:///srv/%FF named /srv/\ufffd, another directory.
+    path = os.fsdecode(unquote_to_bytes(parts.path))
     if not path.startswith("/"):
         raise ConfigError("file:// store URLs need an absolute path: file:///absolute/path")
+    if "\0" in path:  # %00: no path holds one (open() raised ValueError: exit 70)
+        raise ConfigError("file:// store URLs cannot name a NUL byte (%00)")
     return Path(os.path.normpath(path))
 
 

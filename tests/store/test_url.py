@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,14 @@ def test_a_file_url_with_a_query_or_fragment_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no '\\?' or '#' part"):
         local_path(f"file://{tmp_path}/a?x#y")
     assert local_path(f"file://{tmp_path}/a%3Fx%23y") == tmp_path / "a?x#y"
+
+
+def test_a_file_url_names_the_bytes_of_its_escapes() -> None:
+    """Regression: %FF named /srv/\ufffd (unquote's replacement character), another
+    directory than /srv/\xff, and %00 ended the command as a bug (ValueError, exit 70)."""
+    assert os.fsencode(local_path("file:///srv/%FF%20v%C3%A9")) == b"/srv/\xff v\xc3\xa9"
+    with pytest.raises(ConfigError, match="NUL"):
+        local_path("file:///srv/a%00b")
 
 
 def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
