@@ -148,9 +148,22 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return validate_bucket(parts.netloc), normalize_key_prefix(unquote(parts.path))
 
 
+def xdg_base_dir(variable: str, *default: str) -> Path:
+    """An XDG base directory: $variable if it holds an absolute path, else ~/<default>.
+
+    As the XDG base directory spec asks, an empty or relative value is ignored: taken
+    as it was, it put the directory under whatever the working directory was (an
+    empty XDG_STATE_HOME made the daemon log ./sealfs/sealfs.log there).
+    """
+    value = os.environ.get(variable, "")
+    if os.path.isabs(value):
+        return Path(value)
+    return Path(os.path.expanduser("~"), *default)
+
+
 def default_cache_dir(url: str, endpoint: str | None = None) -> Path:
     """~/.cache/sealfs/<first 16 hex digits of SHA-256 of the URL (and endpoint, if any)>."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = xdg_base_dir("XDG_CACHE_HOME", ".cache")
     key = url if not endpoint else f"{url} at {endpoint}"
     return Path(base) / "sealfs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 

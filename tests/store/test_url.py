@@ -12,7 +12,7 @@ from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
 from sealfs.store.retry import RetryingStore
 from sealfs.store.s3 import S3Store
-from sealfs.store.url import is_local_url, local_path, open_store
+from sealfs.store.url import default_cache_dir, is_local_url, local_path, open_store
 
 
 def test_plain_path_opens_a_retrying_local_store(tmp_path: Path) -> None:
@@ -76,6 +76,18 @@ def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
     assert store.request_counts() == {}
     uncached = open_store("s3://bucket/vol", default_cache=False)
     assert isinstance(uncached, RetryingStore)
+
+
+@pytest.mark.parametrize("value", ["", "relative/cache"])
+def test_an_empty_or_relative_xdg_cache_home_is_ignored(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a relative XDG_CACHE_HOME put the default cache under the working
+    directory of each mount; the XDG spec says to ignore it, as an empty one."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", value)
+    monkeypatch.chdir(tmp_path)
+    assert default_cache_dir("s3://b/p").parent == tmp_path / "home" / ".cache" / "sealfs"
 
 
 def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:
