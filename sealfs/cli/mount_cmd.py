@@ -123,7 +123,9 @@ def run_mount(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded = unlock_store(args)
-        seen = SeenVolume(loaded.volume_id, loaded.store.describe(), args.accept_rollback)
+        seen = SeenVolume.of(
+            loaded.volume_id, args.store, loaded.store, accepting=args.accept_rollback
+        )
         seen.check(loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from sealfs.cli.paths import state_dir
 from sealfs.errors import RolledBackError
+from sealfs.store.base import ObjectStore
+from sealfs.store.url import is_local_url, local_path
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,22 @@ class SeenVolume:
     location: str  # the store's description: its absolute path, or bucket, prefix, endpoint
     accepting: bool = False  # --accept-rollback: the store may be behind, the record goes back
     _warned: bool = field(default=False, repr=False)  # one warning per process, not per 30 s
+
+    @classmethod
+    def of(
+        cls, volume_id: bytes, url: str, store: ObjectStore, *, accepting: bool = False
+    ) -> SeenVolume:
+        """The record of the volume in the store that url opened.
+
+        A local store is known by its real path: named through a symlink (or the
+        symlink by the path it points to), one store directory had two records, and a
+        rollback went unnoticed by the mount that used the other name.
+        """
+        if is_local_url(url):
+            location = f"local store at {os.path.realpath(local_path(url))}"
+        else:
+            location = store.describe()
+        return cls(volume_id, location, accepting)
 
     @property
     def path(self) -> Path:

@@ -60,7 +60,7 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
     loaded = unlock_store(args)
     status = volume_status(Volume(loaded, VolumeOptions(read_only=True)))
     status["pid"] = None
-    status["seen_generation"] = SeenVolume(loaded.volume_id, loaded.store.describe()).newest()
+    status["seen_generation"] = SeenVolume.of(loaded.volume_id, args.store, loaded.store).newest()
     return status
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from sealfs.cli.paths import state_dir
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.errors import IntegrityError, RolledBackError
+from tests.mounts import VolumeEnv, sealfs
 
 VOLUME = bytes(range(16))
 OTHER_VOLUME = bytes(range(1, 17))
@@ -145,3 +147,30 @@ def test_a_running_mount_keeps_its_record_current(state: Path) -> None:
             time.sleep(0.01)
     final = generation[0]
     assert json.loads(seen.path.read_bytes())["generation"] == final  # and once at the end
+
+
+@pytest.mark.fuse
+def test_a_store_named_through_a_symlink_has_the_same_record(volume_env: VolumeEnv) -> None:
+    """Regression: the record was kept per path as given, so a store restored from an
+    older copy mounted without a word through a symlink to its directory."""
+    env = volume_env
+    env.mount()
+    (env.mnt / "first").write_text("1")
+    env.umount()
+    copy = env.root / "copy"
+    shutil.copytree(env.store, copy)
+    env.mount()
+    (env.mnt / "second").write_text("2")
+    env.umount()
+    shutil.rmtree(env.store)
+    copy.rename(env.store)  # rolled back
+    link = env.root / "link"
+    link.symlink_to(env.store)
+    result = sealfs(
+        "mount", str(link), str(env.mnt), "--passphrase-file", str(env.passfile),
+        "--log-file", str(env.log),
+    )  # fmt: skip
+    if result.returncode == 0:
+        env.umount()
+    assert result.returncode == 4, result.stderr
+    assert "rolled back" in result.stderr, result.stderr
