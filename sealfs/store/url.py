@@ -88,6 +88,14 @@ def check_local_directory(url: str, *, existing: bool) -> None:
     if not is_local_url(url):
         return
     path = local_path(url)
+    if path.is_symlink() and not path.exists():
+        # init said "write l/0000000000000001 failed: File exists" (exit 1): mkdir of a
+        # symlink whose target is missing. Its target is not made: a symlink to a disk
+        # not mounted yet would put the volume on the disk below.
+        raise ConfigError(
+            f"store {path} is a symlink to {os.readlink(path)}, which does not exist:"
+            " create that directory (or mount the disk that holds it), or give another path"
+        )
     if path.exists() and not path.is_dir():
         raise ConfigError(f"store {path} is not a directory: give the volume's directory")
     if existing and not path.exists():

@@ -164,6 +164,17 @@ def test_store_path_that_is_missing_or_a_file(vol: VolumeEnv, tmp_path: Path) ->
     assert afile.read_text() == "not a directory" and not missing.exists()
 
 
+def test_store_path_that_is_a_dangling_symlink(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: init said "write l/0000000000000001 failed: File exists" (exit 1)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    result = sealfs("init", str(link), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
+    assert "is a symlink to" in one_line(result, USAGE)
+    result = sealfs("status", str(link), "--passphrase-file", str(vol.passfile))
+    assert "is a symlink to" in one_line(result, USAGE)
+    assert not (tmp_path / "gone").exists()
+
+
 def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
     result = sealfs("init", str(vol.store), "--passphrase-file", str(vol.passfile), *CHEAP_KDF)
     err = one_line(result, USAGE)
