@@ -268,7 +268,10 @@ def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
     opens it after the kernel mount exists, where a failure left a dead mount behind,
     and a log file inside the mountpoint made the daemon wait on its own mount forever."""
     if given is None:
-        state = state_dir()
+        try:
+            state = state_dir()
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}, pass --log-file FILE, or mount with --foreground") from None
         try:
             # 0700, as the XDG base directory spec asks of a directory it creates.
             state.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -6,15 +6,15 @@ import os
 from pathlib import Path
 
 from sealfs.errors import ConfigError
-from sealfs.store.url import is_local_url, local_path
+from sealfs.store.url import is_local_url, local_path, xdg_base_dir
 
 
 def state_dir() -> Path:
-    """sealfs's directory for host state (the default log, what each volume was seen at)."""
-    base = os.environ.get("XDG_STATE_HOME", "")
-    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says ignore it
-        base = str(Path.home() / ".local" / "state")
-    return Path(base) / "sealfs"
+    """sealfs's directory for host state (the default log, what each volume was seen at).
+
+    Raises ConfigError if there is no home to put it in (and no XDG_STATE_HOME)."""
+    # An unset, empty or relative XDG_STATE_HOME is ignored, as the XDG spec says.
+    return xdg_base_dir("XDG_STATE_HOME", ".local", "state") / "sealfs"
 
 
 def inside(path: str, directory: str) -> bool:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sealfs.cli.paths import state_dir
-from sealfs.errors import RolledBackError
+from sealfs.errors import ConfigError, RolledBackError
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import is_local_url, local_path
 
@@ -71,6 +71,16 @@ class SeenVolume:
         where = hashlib.sha256(self.location.encode("utf-8", "surrogateescape")).hexdigest()
         return state_dir() / "seen" / f"{self.volume_id.hex()}-{where[:16]}.json"
 
+    def _where(self) -> Path | None:
+        """The record's path; None, with one warning, if there is no state directory."""
+        try:
+            return self.path
+        except ConfigError as exc:
+            if not self._warned:
+                log.warning("%s: a rollback of the store will not be detected", exc)
+            self._warned = True
+            return None
+
     def newest(self) -> int | None:
         """The newest generation recorded, if any."""
         seen = self._read()
@@ -94,6 +104,8 @@ class SeenVolume:
 
     def remember(self, generation: int, *, replace: bool = False) -> None:
         """Record generation as seen, unless a newer one is (replace: record it anyway)."""
+        if self._where() is None:
+            return
         try:
             with self._locked():
                 seen = self._read()
@@ -127,8 +139,11 @@ class SeenVolume:
 
     def _read(self) -> tuple[int, int] | None:
         """(generation, when it was recorded) or None if there is no usable record."""
+        path = self._where()
+        if path is None:
+            return None
         try:
-            with open(self.path, "rb") as f:
+            with open(path, "rb") as f:
                 raw = f.read(_MAX_RECORD + 1)
         except FileNotFoundError:
             return None

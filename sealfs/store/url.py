@@ -166,7 +166,15 @@ def xdg_base_dir(variable: str, *default: str) -> Path:
     value = os.environ.get(variable, "")
     if os.path.isabs(value):
         return Path(value)
-    return Path(os.path.expanduser("~"), *default)
+    home = os.path.expanduser("~")  # $HOME, else the user database
+    if not os.path.isabs(home):
+        # A container run as a uid the image does not know, without HOME: Path.home()
+        # raised RuntimeError (exit 70), and "~" taken as it was is a relative path.
+        raise ConfigError(
+            f"cannot tell the home directory of uid {os.getuid()} (HOME is unset and the"
+            f" user database has no entry for it): set HOME or {variable}"
+        )
+    return Path(home, *default)
 
 
 def default_cache_dir(url: str, endpoint: str | None = None) -> Path:
@@ -227,7 +235,10 @@ def open_store(
             env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
                 "AWS_ENDPOINT_URL"
             )
-            cache_dir = default_cache_dir(f"s3://{bucket}/{prefix}", endpoint or env_endpoint)
+            try:
+                cache_dir = default_cache_dir(f"s3://{bucket}/{prefix}", endpoint or env_endpoint)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}, or pass --cache-dir DIR") from None
     else:
         raise ConfigError(f"unsupported store URL scheme {scheme}://: give {SUPPORTED_FORMS}")
     if cache_dir is not None:

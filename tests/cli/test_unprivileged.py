@@ -272,3 +272,41 @@ def test_modes_are_given_back_when_the_run_is_terminated(tmp_path: Path) -> None
     finally:
         child.kill()
     assert path.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_user_without_a_home_mounts_with_a_log_file(shared_env: VolumeEnv) -> None:
+    """Regression: a uid the user database does not know, with HOME unset (a container
+    run with --user 12345), made status and mount exit 70: "unexpected RuntimeError:
+    Could not determine home directory", from the host's record of each volume, which
+    is a hint whose loss is a warning."""
+    env = shared_env
+    stranger = 12345
+    for path in [env.root, env.passfile, env.mnt, *env.store.rglob("*"), env.store]:
+        os.lchown(path, stranger, stranger)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HOME", "XDG_"))}
+    environ["PYTHONPATH"] = os.pathsep.join(sys.path)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        # With CAP_SYS_ADMIN, as a container's service would mount: fusermount3 refuses
+        # a user it cannot name.
+        caps = ["--inh-caps=+sys_admin", "--ambient-caps=+sys_admin"]
+        command = [
+            "setpriv", f"--reuid={stranger}", f"--regid={stranger}", "--clear-groups", *caps,
+            "--", sys.executable, "-m", "sealfs.cli.main", *args,
+        ]  # fmt: skip
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=False,
+            stdin=subprocess.DEVNULL, env=environ, cwd="/",
+        )  # fmt: skip
+
+    status = run("status", str(env.store), "--passphrase-file", str(env.passfile))
+    assert status.returncode == 0, status.stderr
+    assert "HOME is unset" in status.stderr  # the warning: no rollback check
+    err = refused(run(*env.mount_args(log=False)))
+    assert "HOME" in err and "--log-file" in err, err
+    mounted = run(*env.mount_args(), "--allow-other")
+    assert mounted.returncode == 0, mounted.stderr
+    assert env.is_mounted()
+    # Unmounted by root (whom --allow-other lets in): fusermount3, which `sealfs umount`
+    # runs, refuses a user it cannot name, as it refused the mount without CAP_SYS_ADMIN.
+    assert sealfs("umount", str(env.mnt)).returncode == 0
