@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.cli.sdnotify import notify_ready
+from sealfs.cli.stdio import error_line
 
 Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
 
@@ -58,14 +59,12 @@ def _wait_for_child(read_end: int, log_path: str, pid: int) -> int:
     os.close(read_end)
     text = b"".join(chunks).decode(errors="replace")
     if not text:
-        print(
-            f"sealfs: the daemon died before the mount was ready; see {log_path}", file=sys.stderr
-        )
+        error_line(f"the daemon died before the mount was ready; see {log_path}")
         return 1
     code_text, _, message = text.partition(" ")
     code = int(code_text) if code_text.isdigit() else 1
     if code:
-        print(f"sealfs: {message}", file=sys.stderr)
+        error_line(message)
     else:
         notify_ready(main_pid=pid)
     return code

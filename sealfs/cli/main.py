@@ -17,7 +17,7 @@ from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.oserrors import describe_os_error
-from sealfs.cli.stdio import standard_streams, stdout_writable
+from sealfs.cli.stdio import error_line, standard_streams, stdout_writable
 from sealfs.errors import SealfsError
 
 DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
@@ -123,10 +123,9 @@ def report_bug(exc: Exception) -> int:
     except Exception:  # a bug in the bug: the line and the code still say what it is
         message = "(its message cannot be shown)"
     text = " ".join(message.split()) or "(no message)"  # one line, even if the message is not
-    print(
-        f"sealfs: unexpected {type(exc).__name__}: {text}; this is a bug in sealfs;"
-        f" please report it (run with {DEBUG_ENV}=1 for the traceback)",
-        file=sys.stderr,
+    error_line(
+        f"unexpected {type(exc).__name__}: {text}; this is a bug in sealfs;"
+        f" please report it (run with {DEBUG_ENV}=1 for the traceback)"
     )
     return BUG
 
@@ -148,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(argv)
     except SealfsError as exc:
-        print(f"sealfs: {exc}", file=sys.stderr)
+        error_line(str(exc))
         return exit_code(exc)
     except KeyboardInterrupt:
-        print("sealfs: interrupted", file=sys.stderr)
+        error_line("interrupted")
         return INTERRUPTED
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
@@ -163,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             # `sealfs status >&-`: said only "Bad file descriptor", then Python's flush at
             # exit failed on the same output again ("Exception ignored ...", exit 120).
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            print("sealfs: cannot write the output: stdout is closed", file=sys.stderr)
+            error_line("cannot write the output: stdout is closed")
             return FAILURE
-        print(f"sealfs: {describe_os_error(exc)}", file=sys.stderr)
+        error_line(describe_os_error(exc))
         return FAILURE
     except Exception as exc:
         if os.environ.get(DEBUG_ENV) == "1":

@@ -11,7 +11,6 @@ import logging
 import os
 import pwd
 import stat
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -23,6 +22,7 @@ from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, state_dir
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
+from sealfs.cli.stdio import error_line
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
@@ -353,14 +353,12 @@ def run_sync(args: argparse.Namespace) -> int:
     mnt = os.path.realpath(args.mountpoint)  # as the mount table holds it
     status = live_status(mnt)
     if status is None:
-        print(f"sealfs: the daemon of {mnt} has died: run 'sealfs umount {mnt}'",
-              file=sys.stderr)  # fmt: skip
+        error_line(f"the daemon of {mnt} has died: run 'sealfs umount {mnt}'")
         return FAILURE
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); see {_daemon_log(status)}",
-              file=sys.stderr)  # fmt: skip
+        error_line(f"commit failed ({exc.strerror}); see {_daemon_log(status)}")
         return FAILURE
     return 0
 
@@ -401,8 +399,10 @@ def run_umount(args: argparse.Namespace) -> int:
     status = live_status(mnt)
     if status is None:
         _fusermount(mnt, lazy=True)
-        print(f"sealfs: the daemon of {mnt} had died; removed the stale mount."
-              " Data written after its last commit is lost.", file=sys.stderr)  # fmt: skip
+        error_line(
+            f"the daemon of {mnt} had died; removed the stale mount."
+            " Data written after its last commit is lost."
+        )
         return FAILURE
     owner = None if os.getuid() == 0 else sealfs_mount_owner(mnt)  # root may unmount any
     if owner is not None and owner != os.getuid():
@@ -417,18 +417,23 @@ def run_umount(args: argparse.Namespace) -> int:
             return code
         _wait_for_exit(pid, args.timeout)
         if status.get("fenced"):
-            print(f"sealfs: {mnt} was taken over by another writer (fenced); unmounted it."
-                  " Data written there after the takeover is lost.", file=sys.stderr)  # fmt: skip
+            error_line(
+                f"{mnt} was taken over by another writer (fenced); unmounted it."
+                " Data written there after the takeover is lost."
+            )
         else:
             cause = status["stopped"]
-            print(f"sealfs: {mnt} had stopped committing; unmounted it. Data written after"
-                  f" its last commit is lost. Cause: {cause}", file=sys.stderr)  # fmt: skip
+            error_line(
+                f"{mnt} had stopped committing; unmounted it. Data written after"
+                f" its last commit is lost. Cause: {cause}"
+            )
         return FAILURE
     try:
         commit_mount(mnt)
     except OSError as exc:
-        print(f"sealfs: commit failed ({exc.strerror}); {mnt} stays mounted, see"
-              f" {_daemon_log(status)}", file=sys.stderr)  # fmt: skip
+        error_line(
+            f"commit failed ({exc.strerror}); {mnt} stays mounted, see {_daemon_log(status)}"
+        )
         return FAILURE
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code
@@ -440,10 +445,11 @@ def _fusermount(mnt: str, *, lazy: bool) -> int:
     if result.returncode == 0:
         return 0
     if "busy" in result.stderr:
-        print(f"sealfs: {mnt} is busy (a process has files open there or works in it): "
-              "close them and retry", file=sys.stderr)  # fmt: skip
+        error_line(
+            f"{mnt} is busy (a process has files open there or works in it): close them and retry"
+        )
         return BUSY
-    print(f"sealfs: fusermount3 failed: {result.stderr.strip()}", file=sys.stderr)
+    error_line(f"fusermount3 failed: {result.stderr.strip()}")
     return USAGE
 
 
@@ -453,6 +459,5 @@ def _wait_for_exit(pid: int, timeout: float) -> int:
         if not pid_alive(pid):
             return 0
         time.sleep(0.05)
-    print(f"sealfs: unmounted, but daemon pid {pid} is still committing after {timeout:.0f} s",
-          file=sys.stderr)  # fmt: skip
+    error_line(f"unmounted, but daemon pid {pid} is still committing after {timeout:.0f} s")
     return FAILURE

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
 from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.stdio import error_line
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import ConfigError, SealfsError, WriterConflictError
@@ -226,8 +227,7 @@ def _check_daemon_takes_keys(mountpoint: str) -> None:
     try:
         os.removexattr(mountpoint, name)
     except OSError as exc:
-        print(f"sealfs: could not remove the probe attribute {name} from {mountpoint}:"
-              f" {exc.strerror}", file=sys.stderr)  # fmt: skip
+        error_line(f"could not remove the probe attribute {name} from {mountpoint}: {exc.strerror}")
     raise ConfigError(
         f"the daemon of {mountpoint} is older than rekeying on a mount and cannot take the new"
         f" key: unmount it ('sealfs umount {mountpoint}'), run 'sealfs rekey' again, then mount"

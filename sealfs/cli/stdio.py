@@ -66,3 +66,13 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
             f"stdout is closed, where the new recovery key would be shown: give {option}"
             " FILE (nothing was changed)"
         )
+
+
+# Control characters (a newline or tab in a path) escaped as Python writes them.
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F)}
+
+
+def error_line(message: str) -> None:
+    """Print "sealfs: message" on stderr as one line: a path holding a newline (a
+    mountpoint, a store) split the error in two, where every error is one line."""
+    print(f"sealfs: {message.translate(_CONTROL)}", file=sys.stderr)

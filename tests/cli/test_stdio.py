@@ -112,3 +112,13 @@ def test_help_and_version_into_a_closed_stdout_are_one_line(option: str) -> None
         1,
         "sealfs: cannot write the output: stdout is closed\n",
     )
+
+
+def test_an_error_naming_a_path_with_a_newline_is_one_line(tmp_path: Path) -> None:
+    """Regression: the newline of a path (a store, a mountpoint) split the error line in
+    two; it is escaped as Python writes it, as are tabs and other control characters."""
+    store = tmp_path / "a\nb\tc"
+    result = run_with("", "status", str(store), "--passphrase-file", str(tmp_path / "p"))
+    assert result.returncode == USAGE, result.stderr
+    assert result.stderr.startswith(f"sealfs: store {tmp_path}/a\\nb\\tc does not exist")
+    assert result.stderr.count("\n") == 1
