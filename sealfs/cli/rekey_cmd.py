@@ -246,7 +246,7 @@ def _bar() -> Progress:
         MofNCompleteColumn(),
         TextColumn("objects"),
         TimeElapsedColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # an error, which may name a path
         disable=not sys.stdout.isatty(),
     )
 

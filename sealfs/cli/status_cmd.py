@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     table.add_column(overflow="fold")  # wrap a long path or URL; cut, it names nothing
     for label, value in _rows(status):
         table.add_row(label, value)
-    Console().print(table)
+    # Values are plain text: a path holding "[/]" was taken for markup (MarkupError, exit
+    # 70), "[red]" vanished from the path shown, and ":thumbs_up:" became an emoji.
+    Console(markup=False, emoji=False).print(table)
     return 0
 
 

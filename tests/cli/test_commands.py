@@ -560,3 +560,18 @@ def test_an_older_daemon_s_log_file_is_named_not_taken_for_stderr(tmp_path: Path
     foreground = OLD_DAEMON_STATUS | {"pid": os.getpid(), "log_file": None}  # a new daemon
     assert dict(_rows(foreground))["daemon log"] == "its stderr (--foreground)"
     assert _daemon_log(foreground) == "the daemon's stderr"
+
+
+def test_status_shows_paths_as_they_are(tmp_path: Path) -> None:
+    """Regression: status printed its rows as rich markup: a store path holding "[/]"
+    ended the command as a bug (MarkupError, exit 70), "[red]" vanished from the path
+    shown (another path), and ":thumbs_up:" was shown as an emoji."""
+    for name in ("a[/]b", "a[red]b:thumbs_up:"):
+        env = VolumeEnv(tmp_path / name)
+        env.init()
+        result = sealfs(
+            "status", str(env.store), "--passphrase-file", str(env.passfile),
+            env={**os.environ, "COLUMNS": "500"},  # no row folded
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert f"local store at {env.store} " in result.stdout, result.stdout
