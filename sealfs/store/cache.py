@@ -237,6 +237,10 @@ class CachingStore:
                         self._stale.discard(name)
         return data
 
+    def get_stored(self, name: str, max_size: int | None = None) -> bytes:
+        """The store's own copy of name, past the cache (which it leaves as it is)."""
+        return self.inner.get(name, max_size)
+
     def stat(self, name: str) -> ObjectInfo:
         """Delegate: the etag is the store's to give."""
         return self.inner.stat(name)
@@ -346,6 +350,17 @@ def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
 
 
 T = TypeVar("T")
+
+
+def get_stored(store: ObjectStore, name: str, max_size: int | None = None) -> bytes:
+    """The bytes the store itself holds under name, past any cache in front of it.
+
+    For whoever must act on the store's copy (a rekey deciding what to re-seal): a
+    cached copy may be newer than the store's, when the store was restored from a
+    backup, or is a copy of the volume that shares the cache with the original.
+    """
+    fetch: Callable[[str, int | None], bytes] = getattr(store, "get_stored", store.get)
+    return fetch(name, max_size)
 
 
 def get_opened(

@@ -57,7 +57,7 @@ from sealfs.meta.codec import (
     parse_generation,
 )
 from sealfs.store.base import ObjectStore
-from sealfs.store.cache import get_opened
+from sealfs.store.cache import get_stored
 from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX, MAX_SEALED_CHUNK
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
@@ -241,9 +241,11 @@ class Rekeyer:
         """Worker thread: re-seal one object if it is of the old epoch; its new size, or 0."""
         bound = MAX_SEALED_CHUNK if name.startswith(CHUNK_PREFIX) else MAX_SEALED_METADATA
         try:
-            return get_opened(
-                self._store, name, lambda data: self._reseal_checked(name, data), bound
-            )
+            # The store's copy, never a cached one: a cache that holds this object
+            # re-sealed (a store restored from a backup taken mid-rekey, or a copy of
+            # it sharing the cache) made it look done, and the old key was dropped
+            # with the store's copy still sealed under it.
+            return self._reseal_checked(name, get_stored(self._store, name, bound))
         except ObjectNotFoundError:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
         except (IntegrityError, FormatError) as exc:

@@ -193,6 +193,27 @@ async def test_a_stale_cached_chunk_does_not_stop_a_later_rekey(
     check_rekeyed(volume_store, 2)
 
 
+async def test_a_rekey_resumed_on_a_restored_store_reseals_what_its_cache_holds_resealed(
+    volume_store: ObjectStore, tmp_path: Path
+) -> None:
+    """A store restored from a backup taken mid-rekey, mounted with the cache of the
+    mount that had finished that rekey (or a copy of the store made mid-rekey, sharing
+    a cache with the original): the cache holds every chunk re-sealed, the store the
+    old epoch's. Regression: the rekey read the cached copies, skipped the chunks as
+    done, dropped the old key, and every file then read EIO without that cache."""
+    async with mounted(volume_store) as volume:
+        files = await write_sample(volume, b"r", 4 << 20)
+    start_rekey(volume_store)
+    backup = dict(volume_store._objects)  # type: ignore[attr-defined]  # taken mid-rekey
+    await rekey_to_the_end(CachingStore(volume_store, tmp_path / "cache", 1 << 30), files)
+    volume_store._objects.clear()  # type: ignore[attr-defined]  # restored, not mounted
+    volume_store._objects.update(backup)  # type: ignore[attr-defined]
+    await rekey_to_the_end(CachingStore(volume_store, tmp_path / "cache", 1 << 30), files)
+    check_rekeyed(volume_store, 1)
+    async with mounted(volume_store) as volume:  # without that cache
+        await check_files(volume, files)
+
+
 async def test_a_damaged_object_stops_the_rekey_and_asking_again_resumes_it(
     volume_store: ObjectStore,
 ) -> None:
