@@ -233,6 +233,8 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
             f"cache directory {os.path.abspath(cache_dir)} is inside the mountpoint:"
             " put it elsewhere"
         )
+    if cache_dir is not None:
+        _check_cache_outside_stores(cache_dir, store)
     if not is_local_url(store):
         return
     root = str(local_path(store))
@@ -248,6 +250,35 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
             f"{root} is not a volume but {mountpoint} is: the store comes first"
             " ('sealfs mount STORE MOUNTPOINT')"
         )
+
+
+def _check_cache_outside_stores(cache_dir: str, store: str) -> None:
+    """Refuse a cache directory that is, or lies inside, a local store: this volume's
+    or any other's (a backup copy, another volume).
+
+    The cache keeps chunk c/<ab>/<id> as the file c/<ab>/<id>, as a local store does,
+    and deletes files past --cache-size. Given the store itself, the mount deleted its
+    committed chunks at once (evicting down to the cache size) and files read EIO.
+    """
+    real = os.path.realpath(cache_dir)
+    what = "cache directory " + os.path.abspath(cache_dir)
+    if is_local_url(store) and inside(real, str(local_path(store))):
+        raise ConfigError(
+            f"{what} is inside the store {local_path(store)}: the cache would delete the"
+            " store's chunks to keep within its size; put it outside the store"
+        )
+    directory = real
+    while True:
+        if os.path.isfile(os.path.join(directory, HEADER_NAME)):
+            raise ConfigError(
+                f"{what} is inside the sealfs store {directory} (it holds {HEADER_NAME}):"
+                " the cache would delete that volume's chunks to keep within its size;"
+                " put it outside every store"
+            )
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
 
 
 @contextlib.contextmanager

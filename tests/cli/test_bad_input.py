@@ -400,6 +400,32 @@ def test_cache_dir_inside_the_mountpoint_is_refused_before_creating_it(vol: Volu
         shutil.rmtree(cache, ignore_errors=True)
 
 
+@pytest.mark.parametrize("where", ["the store", "inside the store", "a copy of the store"])
+def test_cache_dir_in_a_store_is_refused(tmp_path: Path, where: str) -> None:
+    """Regression: the cache keeps chunks as a local store does (c/<ab>/<id>) and deletes
+    them past --cache-size. `--cache-dir STORE` deleted the store's committed chunks as
+    the mount started, and files read EIO; a backup copy given as the cache lost its."""
+    env = VolumeEnv(tmp_path / "vol")
+    env.init()
+    try:
+        env.mount()
+        (env.mnt / "data").write_bytes(os.urandom(3 << 20))
+        env.umount()
+        copy = tmp_path / "copy"
+        shutil.copytree(env.store, copy)
+        cache = {"the store": env.store, "inside the store": env.store / "cache"}.get(where, copy)
+        before = fingerprint(env.store), fingerprint(copy)
+        result = sealfs(*env.mount_args(), "--cache-dir", str(cache), "--cache-size", "1M")
+        err = one_line(result, USAGE)
+        assert "store" in err and "put it outside" in err
+        assert (fingerprint(env.store), fingerprint(copy)) == before
+        assert not os.path.ismount(env.mnt)
+    finally:
+        if env.is_mounted():
+            env.umount(check=False)
+        assert not env.cleanup(), "a mount or a daemon was left behind"
+
+
 def test_store_and_mountpoint_swapped(vol: VolumeEnv) -> None:
     """Regression: `sealfs mount MNT STORE` said the empty mountpoint was not a volume and
     to run 'sealfs init' there."""
