@@ -193,11 +193,36 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
         except OSError:
             continue
         if status.get("pid") == w.pid and status.get("volume_id") == loaded.volume_id.hex():
+            served = str(status.get("store", ""))
+            if not _same_store(served, loaded.store.describe()):
+                # A copy of the volume made while that mount wrote (rsync, cp -a) keeps
+                # its writer record. Handed over, the key failed the daemon's check of
+                # its own header (EINVAL) after this store's header had changed.
+                raise WriterConflictError(
+                    f"this store's writer record names pid {w.pid}, which serves another"
+                    f" copy of the volume ({served}) on {mountpoint}: this store is a copy"
+                    f" made while that mount wrote; unmount {mountpoint} first, then run"
+                    " 'sealfs rekey' again"
+                )
             return mountpoint
     raise WriterConflictError(
         f"volume is mounted read-write by pid {w.pid} on this host, but none of this"
         " namespace's sealfs mounts is it: run 'sealfs rekey' where it is mounted"
     )
+
+
+def _same_store(served: str, ours: str) -> bool:
+    """Whether a daemon's store (its description) is this command's: the same text, or
+    for local stores the same directory however its path was spelled."""
+    if served == ours:
+        return True
+    prefix = "local store at "
+    if not (served.startswith(prefix) and ours.startswith(prefix)):
+        return False
+    try:
+        return os.path.samefile(served[len(prefix) :], ours[len(prefix) :])
+    except OSError:
+        return False
 
 
 def _check_daemon_takes_keys(mountpoint: str) -> None:

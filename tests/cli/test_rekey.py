@@ -23,7 +23,7 @@ from sealfs.keys.header import decode_header
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.mounts import VolumeEnv, python_for_others, sealfs
 
-CONFIG_ERROR = 2
+CONFIG_ERROR, BUSY = 2, 5
 
 
 def epochs(store: Path) -> dict[str, int]:
@@ -82,6 +82,31 @@ def test_rekey_must_be_told_about_slots_it_cannot_carry(volume_env: VolumeEnv) -
     line = one_line(rekey(volume_env, "--drop-slot", "7"), CONFIG_ERROR)
     assert "no such keyslot" in line
     assert fingerprint(volume_env.store) == before  # nothing written
+
+
+def test_rekey_of_a_copy_made_under_a_live_mount_names_that_mount(
+    mounted_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """A copy of a store made while a mount writes (cp -a, rsync) keeps the writer
+    record naming that mount's daemon. Regression: `sealfs rekey COPY` took that daemon
+    for the copy's, wrote the copy's new header, then handed the key to the daemon of
+    the original, which refused it: "Invalid argument: MNT" (exit 1), the copy's header
+    changed, and the same again at every run until the original was unmounted."""
+    env = mounted_env
+    (env.mnt / "f").write_bytes(b"original")
+    subprocess.run([sys.executable, "-m", "sealfs.cli.main", "sync", str(env.mnt)], check=True)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(env.store), str(copy)], check=True)
+    before = fingerprint(copy), fingerprint(env.store)
+    result = sealfs("rekey", str(copy), "--passphrase-file", str(env.passfile), "--drop-slot", "1")
+    line = one_line(result, BUSY)
+    assert str(env.mnt) in line and "copy" in line
+    assert (fingerprint(copy), fingerprint(env.store)) == before  # nothing written to either
+    assert env.status()["key_epoch"] == 0
+    env.umount()
+    result = sealfs("rekey", str(copy), "--passphrase-file", str(env.passfile), "--drop-slot", "1")
+    assert result.returncode == 0, result.stderr  # the copy's own rekey, here
+    assert set(epochs(copy).values()) == {1} and set(epochs(env.store).values()) == {0}
 
 
 def test_rekey_while_mounted_and_written(mounted_env: VolumeEnv) -> None:
