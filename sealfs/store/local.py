@@ -92,6 +92,41 @@ def _load_syncfs() -> Callable[[int], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
+# statfs(2)'s f_type of every FUSE file system (sshfs, gocryptfs, rclone, sealfs...).
+FUSE_SUPER_MAGIC = 0x65735546
+
+
+def _load_fstatfs() -> Callable[[int, ctypes.Array[ctypes.c_char]], int] | None:
+    """Return libc's fstatfs(2), or None where the C library lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "fstatfs", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_fstatfs = _load_fstatfs()
+
+
+def syncfs_reaches(fd: int) -> bool:
+    """Whether syncfs(2) flushes the file system fd is on: not a FUSE one.
+
+    The kernel passes syncfs on to no FUSE file system but virtiofs, and returns
+    success without writing anything there; fsync and fdatasync do reach it.
+    """
+    if _fstatfs is None:
+        return True
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type (a long) comes first
+    if _fstatfs(fd, buf) != 0:
+        return True  # cannot tell: as before
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF != FUSE_SUPER_MAGIC
+
+
 # Module-level so that tests can exercise the os.sync fallback and watch the calls.
 _syncfs = _load_syncfs()
 _fdatasync = os.fdatasync
@@ -208,6 +243,7 @@ class LocalStore:
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
         self._root_id = _dir_id(self.root)  # None until init makes the root
         self._direct = True  # until the file system refuses O_DIRECT
+        self._syncfs_works: bool | None = None  # known at the first sync
         self._direct_lock = threading.Lock()
 
     def _written(self, path: Path, *, file: bool = True) -> None:
@@ -493,7 +529,7 @@ class LocalStore:
 
     def _sync_paths(self, files: set[str], dirs: set[str]) -> None:
         dirs = self._with_new_parents(dirs)
-        if len(files) + len(dirs) > SYNCFS_ABOVE:
+        if len(files) + len(dirs) > SYNCFS_ABOVE and self._syncfs_reaches_disk():
             self._syncfs()
         else:
             try:
@@ -501,6 +537,24 @@ class LocalStore:
             except PermissionError:
                 self._syncfs()  # a parent above the root we may not open
         self._durable_dirs |= dirs
+
+    def _syncfs_reaches_disk(self) -> bool:
+        """Whether the root's file system honours syncfs(2). On a FUSE file system (a
+        store on sshfs, gocryptfs or another sealfs mount) syncfs is a no-op: a commit
+        of more than SYNCFS_ABOVE paths then made its segment durable and not its
+        chunks, and a power cut of the disk below lost them."""
+        if self._syncfs_works is None:
+            try:
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return True  # not made yet: nothing to flush; asked again next time
+            try:
+                self._syncfs_works = syncfs_reaches(fd)
+            finally:
+                os.close(fd)
+            if not self._syncfs_works:
+                log.info("local store at %s is on a FUSE file system: synced by path", self.root)
+        return self._syncfs_works
 
     def _flush_all(self, files: Sequence[str], dirs: Sequence[str]) -> None:
         """fdatasync the files, then fsync the directories; raises the first error.

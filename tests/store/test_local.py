@@ -29,6 +29,7 @@ from sealfs.errors import (
 )
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
+from tests.mounts import VolumeEnv
 from tests.prereq import require
 from tests.store.conftest import CrashableDisk, assert_owner_only_under, mounted_tmpfs
 
@@ -551,6 +552,30 @@ def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count
     del objects["c/00/0"]
     expected = {**objects, "l/00000001": b"segment", "sealfs.vol": b"header v2"}
     assert {name: after.get(name) for name in after.list("")} == expected
+
+
+def test_a_store_on_a_fuse_file_system_is_synced_by_path(
+    volume_env: VolumeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store inside a sealfs mount (or on sshfs, gocryptfs): the kernel answers syncfs
+    on a FUSE file system without asking its daemon. Regression: a commit of more than
+    SYNCFS_ABOVE paths called syncfs, so its chunks stayed uncommitted below (here, in
+    the outer mount's buffers) while its segment, synced by path after them, was made
+    durable: a power cut below lost the chunks of a commit reported durable."""
+    env = volume_env
+    env.mount("--commit-interval", "3600")  # commits only when asked to
+    try:
+        store = LocalStore(env.mnt / "store")
+        flushes = Flushes(monkeypatch)
+        for i in range(3 * local.SYNCFS_ABOVE):
+            store.put(f"c/{i % 40:02x}/{i}", os.urandom(1000))
+        store.sync()
+        assert flushes.syncfs == 0
+        assert len(flushes.take()[0]) == 3 * local.SYNCFS_ABOVE
+        status = env.status()
+        assert (status["pending_bytes"], status["pending_records"]) == (0, 0)  # committed
+    finally:
+        env.umount()
 
 
 def test_a_replaced_or_exclusive_object_is_flushed_before_its_name_changes(
