@@ -233,6 +233,15 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
             f"cache directory {os.path.abspath(cache_dir)} is inside the mountpoint:"
             " put it elsewhere"
         )
+    if cache_dir is not None and inside(mountpoint, cache_dir):
+        # The cache's files (cache_dir/c/...) then lay in the mount: an fsync of its root
+        # (sealfs sync, umount) holds the root's lock while the commit it waits for
+        # writes a chunk's copy there, whose lookup waits for that lock. Unkillable.
+        raise ConfigError(
+            f"mountpoint {mountpoint} is inside the cache directory"
+            f" {os.path.abspath(cache_dir)}: the daemon would write its cache through its"
+            " own mount and hang; put them apart"
+        )
     if cache_dir is not None:
         _check_cache_outside_stores(cache_dir, store)
     if not is_local_url(store):

@@ -400,6 +400,26 @@ def test_cache_dir_inside_the_mountpoint_is_refused_before_creating_it(vol: Volu
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def test_mountpoint_inside_the_cache_dir_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: a mount at CACHE/c wrote the cache's copy of each chunk through itself,
+    and the first `sealfs sync` deadlocked in the kernel: the fsync of the root held the
+    root's lock while the commit's cache write looked a name up under it. Nothing could
+    be killed; only aborting the FUSE connection freed the processes."""
+    cache = tmp_path / "cache"
+    target = cache / "c"
+    target.mkdir(parents=True)
+    result = sealfs(
+        "mount", str(vol.store), str(target), "--passphrase-file", str(vol.passfile),
+        "--log-file", str(vol.log), "--cache-dir", str(cache),
+    )  # fmt: skip
+    try:
+        assert "inside the cache directory" in one_line(result, USAGE)
+    finally:
+        if os.path.ismount(target):  # nothing written: unmounts without a cache write
+            subprocess.run(["fusermount3", "-u", str(target)], check=False, timeout=60)
+            time.sleep(1)
+
+
 @pytest.mark.parametrize("where", ["the store", "inside the store", "a copy of the store"])
 def test_cache_dir_in_a_store_is_refused(tmp_path: Path, where: str) -> None:
     """Regression: the cache keeps chunks as a local store does (c/<ab>/<id>) and deletes
