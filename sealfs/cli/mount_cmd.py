@@ -13,6 +13,7 @@ import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
@@ -41,7 +42,7 @@ from sealfs.fuse.mount import (
 )
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.keys.header import HEADER_NAME
-from sealfs.store.url import DEFAULT_STORE_TIMEOUT, is_local_url, local_path
+from sealfs.store.url import DEFAULT_STORE_TIMEOUT, cache_dir_for, is_local_url, local_path
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import Loaded, check_writer, claim_writer, collector_paused, pid_alive
 from sealfs.volume.options import VolumeOptions
@@ -118,7 +119,11 @@ def run_mount(args: argparse.Namespace) -> int:
     # Resolved: fusermount3 (a mount by a user other than root) refuses a mountpoint
     # that is a symlink, and the mount table holds the real path anyway.
     mountpoint = os.path.realpath(args.mountpoint)
-    _check_paths(args.store, mountpoint, args.cache_dir)  # before the log file is made
+    # The default cache of an S3 store too: made inside the mountpoint (a service user
+    # whose home is the mountpoint), it left the mountpoint "not empty" for good.
+    cache = cache_dir_for(args.store, Path(args.cache_dir) if args.cache_dir else None,
+                          args.s3_endpoint)  # fmt: skip
+    _check_paths(args.store, mountpoint, str(cache) if cache else None)  # before any is made
     log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
@@ -231,7 +236,8 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
     if cache_dir is not None and inside(cache_dir, mountpoint):
         raise ConfigError(
             f"cache directory {os.path.abspath(cache_dir)} is inside the mountpoint:"
-            " put it elsewhere"
+            " put it elsewhere (--cache-dir; an S3 store's default is under"
+            " $XDG_CACHE_HOME, else ~/.cache)"
         )
     if cache_dir is not None and inside(mountpoint, cache_dir):
         # The cache's files (cache_dir/c/...) then lay in the mount: an fsync of its root

@@ -177,6 +177,20 @@ def xdg_base_dir(variable: str, *default: str) -> Path:
     return Path(home, *default)
 
 
+def cache_dir_for(url: str, cache_dir: Path | None, s3_endpoint: str | None) -> Path | None:
+    """The chunk cache a mount of url uses: cache_dir if given, else the default one of
+    an S3 store (None for a local store: no cache). Raises ConfigError for a bad URL or
+    when there is no home to put the default in."""
+    if cache_dir is not None or _scheme(url) != "s3":
+        return cache_dir
+    bucket, prefix = parse_s3_url(url)
+    env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    try:
+        return default_cache_dir(f"s3://{bucket}/{prefix}", s3_endpoint or env_endpoint)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}, or pass --cache-dir DIR") from None
+
+
 def default_cache_dir(url: str, endpoint: str | None = None) -> Path:
     """~/.cache/sealfs/<first 16 hex digits of SHA-256 of the URL (and endpoint, if any)>."""
     base = xdg_base_dir("XDG_CACHE_HOME", ".cache")
@@ -232,13 +246,7 @@ def open_store(
             deadline=store_timeout,
         )
         if cache_dir is None and default_cache:
-            env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-                "AWS_ENDPOINT_URL"
-            )
-            try:
-                cache_dir = default_cache_dir(f"s3://{bucket}/{prefix}", endpoint or env_endpoint)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc}, or pass --cache-dir DIR") from None
+            cache_dir = cache_dir_for(url, None, s3_endpoint)
     else:
         raise ConfigError(f"unsupported store URL scheme {scheme}://: give {SUPPORTED_FORMS}")
     if cache_dir is not None:

@@ -214,6 +214,28 @@ def test_sigterm_whose_final_commit_fails_says_what_is_lost(
     env.umount()
 
 
+def test_a_default_cache_inside_the_mountpoint_is_refused_before_it_is_made(
+    s3_env: S3VolumeEnv,
+) -> None:
+    """A service user whose home (so ~/.cache) is the mountpoint. Regression: the check
+    covered a --cache-dir only, so the default cache directory was made inside the
+    mountpoint, the mount failed with "not empty", and so did every later one."""
+    env = s3_env
+    cache_home = env.mnt / ".cache"
+    result = sealfs(
+        "mount", env.url, str(env.mnt), "--s3-endpoint", env.endpoint,
+        "--passphrase-file", str(env.passfile), "--log-file", str(env.log),
+        env={**os.environ, "XDG_CACHE_HOME": str(cache_home)}, timeout=120,
+    )  # fmt: skip
+    try:
+        assert result.returncode == 2, result.stderr
+        assert "inside the mountpoint" in result.stderr and "--cache-dir" in result.stderr
+        assert list(env.mnt.iterdir()) == []
+    finally:
+        if env.is_mounted():
+            env.umount(check=False)
+
+
 def test_hot_reads_send_no_request_and_status_counts_requests(s3_env: S3VolumeEnv) -> None:
     env = s3_env
     env.mount()
