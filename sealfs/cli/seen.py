@@ -32,7 +32,12 @@ from pathlib import Path
 
 from sealfs.cli.paths import state_dir
 from sealfs.errors import ConfigError, RolledBackError
-from sealfs.store.base import ObjectStore
+from sealfs.store.base import (
+    FileTooLargeError,
+    NotARegularFileError,
+    ObjectStore,
+    read_regular_file,
+)
 from sealfs.store.url import is_local_url, local_path
 
 log = logging.getLogger(__name__)
@@ -93,7 +98,10 @@ class SeenVolume:
         if seen is None or generation >= seen[0] or self.accepting:
             return
         newest, at_ns = seen
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
+        except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
+            when = "at an unknown time"
         raise RolledBackError(
             f"the {self.location} holds generation {generation} of volume"
             f" {self.volume_id.hex()}, but this host saw generation {newest} there ({when}):"
@@ -143,19 +151,24 @@ class SeenVolume:
         if path is None:
             return None
         try:
-            with open(path, "rb") as f:
-                raw = f.read(_MAX_RECORD + 1)
+            # Only a regular file, opened without waiting and read up to a bound: a FIFO
+            # put there hung the mount in open(), before it even asked for the store.
+            raw = read_regular_file(path, _MAX_RECORD)
         except FileNotFoundError:
             return None
+        except (FileTooLargeError, NotARegularFileError, IsADirectoryError):
+            raw = b""  # not a record: warned about below
         except OSError as exc:  # the record cannot be written either: remember() warns
             log.debug("cannot read %s (%s): rollback not checked", self.path, exc.strerror)
             return None
         try:
-            record = json.loads(raw) if len(raw) <= _MAX_RECORD else {}
+            record = json.loads(raw)
             generation, at_ns = record.get("generation"), record.get("seen_at_ns")
             if type(generation) is int and type(at_ns) is int and generation > 0:
                 return generation, at_ns
-        except (ValueError, AttributeError):  # not JSON, or not an object
+        # Not JSON, not an object, or nested deeper than the parser goes (RecursionError,
+        # which ended the mount as a bug in sealfs: exit 70).
+        except (ValueError, AttributeError, RecursionError):
             pass
         log.warning("%s is not a sealfs record; rollback not checked", self.path)
         return None

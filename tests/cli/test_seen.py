@@ -87,8 +87,9 @@ def test_the_record_is_the_owner_s_and_holds_no_secret(state: Path) -> None:
         b'{"generation": "7", "seen_at_ns": 1}',
         b'{"generation": 7}',
         b"x" * 70000,
+        b"[" * 60000,
     ],
-    ids=["empty", "torn", "not an object", "wrong type", "incomplete", "huge"],
+    ids=["empty", "torn", "not an object", "wrong type", "incomplete", "huge", "deep"],
 )
 def test_a_damaged_record_is_ignored_with_a_warning_then_replaced(
     state: Path, content: bytes, caplog: pytest.LogCaptureFixture
@@ -100,6 +101,39 @@ def test_a_damaged_record_is_ignored_with_a_warning_then_replaced(
         seen.check(1)  # the record is a hint: never a reason not to mount
     assert "rollback not checked" in caplog.text
     seen.remember(4)
+    with pytest.raises(RolledBackError):
+        seen.check(3)
+
+
+def test_a_record_of_an_impossible_time_still_refuses_by_its_generation(state: Path) -> None:
+    """Regression: a record whose time no clock shows ended the mount as a bug in sealfs
+    (OverflowError from localtime, exit 70) instead of saying the store is behind."""
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.path.parent.mkdir(parents=True)
+    seen.path.write_text(json.dumps({"generation": 7, "seen_at_ns": 10**30}))
+    with pytest.raises(RolledBackError) as refused:
+        seen.check(6)
+    assert "generation 7 there (at an unknown time)" in str(refused.value)
+
+
+def test_a_fifo_in_place_of_the_record_does_not_hang_the_mount(
+    state: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the record was opened as any file: a FIFO there blocked the mount in
+    open() for good, before it asked for the store."""
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.path.parent.mkdir(parents=True)
+    os.mkfifo(seen.path)
+    checking = threading.Thread(target=seen.check, args=(1,), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        checking.start()
+        checking.join(10)
+    if checking.is_alive():  # let the thread go: open the FIFO's other end
+        os.close(os.open(seen.path, os.O_WRONLY | os.O_NONBLOCK))
+        checking.join(10)
+        pytest.fail("check() blocked on a FIFO")
+    assert "rollback not checked" in caplog.text
+    seen.remember(4)  # and the FIFO makes way for a record
     with pytest.raises(RolledBackError):
         seen.check(3)
 
