@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -183,8 +184,12 @@ class SeenVolume:
             "seen_at_ns": time.time_ns(),
         }
         data = json.dumps(record, ensure_ascii=True).encode() + b"\n"
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A new file of a name no one could guess: a symlink left in the directory under
+        # the name used before (the pid) had the record written into the file it named,
+        # truncating it, as whoever mounted (root, with a user's XDG_STATE_HOME under sudo).
+        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temporary, flags, 0o600)
         try:
             _write_all(fd, data)
             os.fsync(fd)

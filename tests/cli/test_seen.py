@@ -138,6 +138,24 @@ def test_a_fifo_in_place_of_the_record_does_not_hang_the_mount(
         seen.check(3)
 
 
+def test_a_symlink_left_in_the_state_directory_is_never_written_through(
+    state: Path, tmp_path: Path
+) -> None:
+    """Regression: the temporary file had a predictable name (the pid) and was opened
+    following symlinks: one planted there (by whoever can write the directory: a user
+    whose XDG_STATE_HOME a root mount used under sudo) had the record written over the
+    file it named."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.path.parent.mkdir(parents=True)
+    for name in (f".{seen.path.name}.{os.getpid()}", f".{seen.path.name}.tmp"):
+        (seen.path.parent / name).symlink_to(victim)
+    seen.remember(7)
+    assert victim.read_bytes() == b"precious"
+    assert json.loads(seen.path.read_bytes())["generation"] == 7
+
+
 def test_no_usable_state_directory_is_a_warning_not_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
