@@ -69,7 +69,7 @@ class SeenVolume:
         if is_local_url(url):
             location = f"local store at {os.path.realpath(local_path(url))}"
         else:
-            location = store.describe()
+            location = _s3_location(store)
         return cls(volume_id, location, accepting)
 
     @property
@@ -205,6 +205,19 @@ class SeenVolume:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _s3_location(store: ObjectStore) -> str:
+    """The location of the S3 store under its wrappers (retries, cache): the same for
+    every spelling of its URL and endpoint (see S3Store.location)."""
+    from sealfs.store.s3 import S3Store  # noqa: PLC0415 - boto3 is slow to import
+
+    inner: object = store
+    while not isinstance(inner, S3Store):
+        inner = getattr(inner, "inner", None)
+        if inner is None:
+            return store.describe()
+    return inner.location()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -124,6 +124,18 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# AWS partitions other than the main one, by region prefix: bucket names are unique
+# within a partition only.
+_PARTITIONS = (
+    ("cn-", "aws-cn"),
+    ("us-gov-", "aws-us-gov"),
+    ("us-isob-", "aws-iso-b"),
+    ("us-iso-", "aws-iso"),
+    ("eu-isoe-", "aws-iso-e"),
+    ("us-isof-", "aws-iso-f"),
+)
+
+
 def _strip_userinfo(url: str) -> str:
     """The endpoint URL without any user:password@ part, for messages."""
     parts = urlsplit(url)
@@ -502,6 +514,28 @@ class S3Store:
     def describe(self) -> str:
         """ "s3 store s3://bucket/prefix at ENDPOINT" (never credentials)."""
         return f"s3 store s3://{self.bucket}/{self.prefix} at {self._where()}"
+
+    def location(self) -> str:
+        """Where the objects are, however the command line and environment spelled it.
+
+        describe() is for messages: it names the region, set or not by where the
+        command runs (AWS_REGION under a service, none in a shell), and the endpoint
+        as typed ("http://minio:9000/" and "http://MINIO:9000"). Keyed by it, one
+        store had several host records (sealfs.cli.seen), and a rollback that one of
+        them saw went unnoticed by the mounts that used another. A bucket's name is
+        unique in its AWS partition, so only the partition counts, not the region.
+        """
+        endpoint = self._custom_endpoint()
+        if endpoint:
+            parts = urlsplit(_strip_userinfo(endpoint))
+            where = urlunsplit(
+                (parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"), "", "")
+            )
+        else:
+            region = self._region() or os.environ.get("AWS_DEFAULT_REGION") or ""
+            partition = next((p for r, p in _PARTITIONS if region.startswith(r)), "")
+            where = f"AWS S3 ({partition})" if partition else "AWS S3"
+        return f"s3 store s3://{self.bucket}/{self.prefix} at {where}"
 
     def close(self) -> None:
         """Close this process's connection pool (a parent's is left alone)."""

@@ -16,6 +16,7 @@ import pytest
 from sealfs.cli.paths import state_dir
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.errors import IntegrityError, RolledBackError
+from sealfs.store.url import open_store
 from tests.mounts import VolumeEnv, sealfs
 
 VOLUME = bytes(range(16))
@@ -226,3 +227,30 @@ def test_a_store_named_through_a_symlink_has_the_same_record(volume_env: VolumeE
         env.umount()
     assert result.returncode == 4, result.stderr
     assert "rolled back" in result.stderr, result.stderr
+
+
+def test_an_s3_store_has_one_record_however_it_is_named(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the record was keyed by the store's description, which names the
+    region when one is set (AWS_REGION in a unit, none in a shell) and the endpoint as
+    typed: one store had several records, and a rollback went unnoticed by a mount
+    that named it another way."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(variable, raising=False)
+
+    def record(url: str, endpoint: str | None = None) -> Path:
+        store = open_store(url, s3_endpoint=endpoint)
+        return SeenVolume.of(VOLUME, url, store).path
+
+    aws = record("s3://agent-bucket/vol")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert record("s3://agent-bucket/vol/") == aws
+    monkeypatch.setenv("AWS_REGION", "cn-north-1")  # another partition: another bucket
+    assert record("s3://agent-bucket/vol") != aws
+    minio = record("s3://agent-bucket/vol", "http://minio.internal:9000")
+    assert minio != aws
+    assert record("s3://agent-bucket//vol", "http://MINIO.internal:9000/") == minio
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio.internal:9000")
+    assert record("s3://agent-bucket/vol") == minio
