@@ -73,7 +73,9 @@ def local_path(url: str) -> Path:
         raise ConfigError("file:// store URLs must name a local path: file:///absolute/path")
     # The bytes the escapes name, as a path given directly: unquote() decoded them as
     # UTF-8 with replacement, so file:///srv/%FF named /srv/\ufffd, another directory.
-    path = os.fsdecode(unquote_to_bytes(parts.path))
+    # The rest as argv had it: fsencode gives back bytes that are not UTF-8 (encoded
+    # as UTF-8, their surrogates raised UnicodeEncodeError).
+    path = os.fsdecode(unquote_to_bytes(os.fsencode(parts.path)))
     if not path.startswith("/"):
         raise ConfigError("file:// store URLs need an absolute path: file:///absolute/path")
     if "\0" in path:  # %00: no path holds one (open() raised ValueError: exit 70)

@@ -61,6 +61,14 @@ def test_a_file_url_names_the_bytes_of_its_escapes() -> None:
         local_path("file:///srv/a%00b")
 
 
+def test_a_file_url_given_in_bytes_that_are_not_utf8_names_those_bytes() -> None:
+    """Regression: a URL from argv holding a byte that is not UTF-8 (a surrogate once
+    decoded) ended every command as a bug (UnicodeEncodeError, exit 70): the escapes
+    were decoded from the URL's UTF-8 form, which such a URL lacks."""
+    url = "file:///srv/caf" + os.fsdecode(b"\xe9") + "%20x"
+    assert os.fsencode(local_path(url)) == b"/srv/caf\xe9 x"
+
+
 def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
