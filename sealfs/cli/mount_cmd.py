@@ -22,14 +22,13 @@ from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, state_dir
 from sealfs.cli.sdnotify import notify_ready
-from sealfs.cli.seen import SeenVolume, kept_current
+from sealfs.cli.seen import SeenVolume, kept_current, unlock_seen
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
     add_cache_options,
     add_unlock_options,
-    unlock_store,
 )
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (
@@ -127,11 +126,8 @@ def run_mount(args: argparse.Namespace) -> int:
     log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
-        loaded = unlock_store(args)
-        seen = SeenVolume.of(
-            loaded.volume_id, args.store, loaded.store, accepting=args.accept_rollback
-        )
-        seen.check(loaded.live.generation)
+        loaded, seen, recorded = unlock_seen(args, accepting=args.accept_rollback)
+        seen.check_against(recorded, loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         volume = Volume(loaded, options)

@@ -17,6 +17,7 @@ command line shows anyway; no key material and nothing of the volume's content.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import fcntl
@@ -31,8 +32,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sealfs.cli.keysource import unlock_header
 from sealfs.cli.paths import state_dir
+from sealfs.cli.unlock import store_from
 from sealfs.errors import ConfigError, RolledBackError
+from sealfs.keys.header import decode_header
 from sealfs.store.base import (
     FileTooLargeError,
     NotARegularFileError,
@@ -40,8 +44,11 @@ from sealfs.store.base import (
     read_regular_file,
 )
 from sealfs.store.url import is_local_url, local_path
+from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 log = logging.getLogger(__name__)
+
+Recorded = tuple[int, int]  # (generation, when it was recorded in ns since the epoch)
 
 _MAX_RECORD = 64 * 1024  # a record is about 200 bytes; anything larger is not one
 RECORD_INTERVAL = 30.0  # seconds between records while a mount runs (one small fsync)
@@ -92,10 +99,20 @@ class SeenVolume:
         seen = self._read()
         return None if seen is None else seen[0]
 
+    def recorded(self) -> Recorded | None:
+        """The record as it is now: (generation, when it was recorded in ns), if any."""
+        return self._read()
+
     def check(self, generation: int) -> None:
         """Raise RolledBackError if this host saw a newer generation at this location
         (unless accepting)."""
-        seen = self._read()
+        self.check_against(self._read(), generation)
+
+    def check_against(self, recorded: Recorded | None, generation: int) -> None:
+        """check(), against the record as read before the store's log was listed (see
+        unlock_seen): a record read after it may hold a generation that a mount of the
+        volume on this host committed since, and takes the store for rolled back."""
+        seen = recorded
         if seen is None or generation >= seen[0] or self.accepting:
             return
         newest, at_ns = seen
@@ -146,7 +163,7 @@ class SeenVolume:
         finally:
             os.close(fd)
 
-    def _read(self) -> tuple[int, int] | None:
+    def _read(self) -> Recorded | None:
         """(generation, when it was recorded) or None if there is no usable record."""
         path = self._where()
         if path is None:
@@ -205,6 +222,27 @@ class SeenVolume:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def unlock_seen(
+    args: argparse.Namespace, *, accepting: bool = False
+) -> tuple[Loaded, SeenVolume, Recorded | None]:
+    """unlock_store, with the volume's record at that store as read BEFORE the log
+    is listed.
+
+    A mount of the volume on this host (read-write, while a read-only mount or
+    'status STORE' loads) commits, then records that generation. Read after the
+    listing, the record could hold a generation committed since, which the load did
+    not see: a store that is whole was refused as rolled back (exit 4), or shown as
+    "behind". A record read first holds only generations committed before the
+    listing, all of which the listing sees in a store that is whole.
+    """
+    store = store_from(args)
+    header = read_header(store)  # "not a volume" before asking for a passphrase
+    volume_id = decode_header(header).volume_id  # the bytes that unlock authenticates
+    seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
+    recorded = seen.recorded()
+    return load_unlocked(store, unlock_header(args, header)), seen, recorded
 
 
 def _s3_location(store: ObjectStore) -> str:

@@ -12,9 +12,9 @@ from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
-from sealfs.cli.seen import SeenVolume
+from sealfs.cli.seen import unlock_seen
 from sealfs.cli.units import format_size
-from sealfs.cli.unlock import add_unlock_options, unlock_store
+from sealfs.cli.unlock import add_unlock_options
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
 from sealfs.keys.header import HEADER_NAME
@@ -57,10 +57,10 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             f" (or create a volume there with 'sealfs init {target}')"
         )
     args.store = target
-    loaded = unlock_store(args)
+    loaded, _, recorded = unlock_seen(args)  # the record as it was before the load
     status = volume_status(Volume(loaded, VolumeOptions(read_only=True)))
     status["pid"] = None
-    status["seen_generation"] = SeenVolume.of(loaded.volume_id, args.store, loaded.store).newest()
+    status["seen_generation"] = None if recorded is None else recorded[0]
     return status
 
 

@@ -7,17 +7,21 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from sealfs.cli import status_cmd
+from sealfs.cli.main import parse
 from sealfs.cli.paths import state_dir
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.errors import IntegrityError, RolledBackError
 from sealfs.store.url import open_store
-from tests.mounts import VolumeEnv, sealfs
+from tests.mounts import PASSPHRASE, VolumeEnv, sealfs
 
 VOLUME = bytes(range(16))
 OTHER_VOLUME = bytes(range(1, 17))
@@ -254,3 +258,75 @@ def test_an_s3_store_has_one_record_however_it_is_named(
     assert record("s3://agent-bucket//vol", "http://MINIO.internal:9000/") == minio
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio.internal:9000")
     assert record("s3://agent-bucket/vol") == minio
+
+
+# Run in a CLI process: the volume's log is listed, then (as a read-write mount of the
+# volume on this host does, between that listing and the end of the load) another
+# writer commits a generation and records it; then the command goes on.
+_COMMIT_DURING_THE_LOAD = """
+import sys
+from sealfs.cli.seen import SeenVolume
+from sealfs.keys.slots import Passphrase
+from sealfs.store.url import open_store
+from sealfs.volume import loader
+
+store, passphrase = sys.argv[1], sys.argv[2].encode()
+fetch = loader._fetch_in_order
+done = []
+
+def fetch_after_a_commit(listed_from, names):
+    if not done:
+        done.append(True)
+        writer = loader.open_volume(open_store(store), Passphrase(passphrase))
+        loader.claim_writer(writer)
+        SeenVolume.of(writer.volume_id, store, writer.store).remember(writer.live.generation)
+    return fetch(listed_from, names)
+
+loader._fetch_in_order = fetch_after_a_commit
+from sealfs.cli.main import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _commit_during_the_load(env: VolumeEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", _COMMIT_DURING_THE_LOAD, str(env.store), PASSPHRASE]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def test_a_commit_during_the_load_does_not_make_status_say_rolled_back(
+    volume_env: VolumeEnv,
+) -> None:
+    """Regression: status read the record after loading the volume; a mount on this
+    host that committed (and recorded it) in between made a whole store "behind"."""
+    result = _commit_during_the_load(
+        volume_env, "status", str(volume_env.store), "--passphrase-file",
+        str(volume_env.passfile), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["seen_generation"] is None or status["seen_generation"] <= status["generation"]
+    # The in-process path agrees, and the record does hold the newer generation now.
+    args = parse(["status", str(volume_env.store), "--passphrase-file", str(volume_env.passfile)])
+    assert status_cmd._gather(args)["seen_generation"] == status["generation"] + 1
+
+
+@pytest.mark.fuse
+def test_a_commit_during_the_load_does_not_refuse_a_read_only_mount(
+    volume_env: VolumeEnv,
+) -> None:
+    """Regression: the mount read the record after loading the volume: a read-write
+    mount of it on this host that committed and recorded the generation meanwhile (at
+    its start, every 30 s, at its end) made a read-only mount of the whole store fail
+    as rolled back (exit 4)."""
+    env = volume_env
+    result = _commit_during_the_load(env, *env.mount_args(), "--read-only")
+    if result.returncode == 0:
+        env.umount()
+    assert result.returncode == 0, result.stderr + env.log_text()
