@@ -227,8 +227,8 @@ class SeenVolume:
 def unlock_seen(
     args: argparse.Namespace, *, accepting: bool = False
 ) -> tuple[Loaded, SeenVolume, Recorded | None]:
-    """unlock_store, with the volume's record at that store as read BEFORE the log
-    is listed.
+    """Open, unlock and load the volume the arguments name (errors are typed), with
+    the volume's record at that store as read BEFORE the log is listed.
 
     A mount of the volume on this host (read-write, while a read-only mount or
     'status STORE' loads) commits, then records that generation. Read after the

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sealfs.cli.keysource import add_headless_options, unlock_header
+from sealfs.cli.keysource import add_headless_options
 from sealfs.cli.units import parse_size, seconds
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import check_local_directory, open_store
-from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 # A command someone waits for gives up on an unreachable store sooner than a mount,
 # whose fsyncs ride out an outage (a mistyped endpoint kept `status` busy for 5 minutes).
@@ -85,10 +84,3 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
         s3_endpoint=getattr(args, "s3_endpoint", None),
         store_timeout=seconds(args.store_timeout, "--store-timeout"),
     )
-
-
-def unlock_store(args: argparse.Namespace) -> Loaded:
-    """Open, unlock and load the volume the arguments name (errors are typed)."""
-    store = store_from(args)
-    header = read_header(store)  # "not a volume" before asking for a passphrase
-    return load_unlocked(store, unlock_header(args, header))
