@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,10 +72,14 @@ class SeenVolume:
 
         A local store is known by its real path: named through a symlink (or the
         symlink by the path it points to), one store directory had two records, and a
-        rollback went unnoticed by the mount that used the other name.
+        rollback went unnoticed by the mount that used the other name. And by this
+        host's name: a home shared between hosts (NFS, a container's state volume)
+        holds their records side by side, and two hosts each with its own store at one
+        path refused each other's as rolled back.
         """
         if is_local_url(url):
-            location = f"local store at {os.path.realpath(local_path(url))}"
+            real = os.path.realpath(local_path(url))
+            location = f"local store at {real} on {socket.gethostname()}"
         else:
             location = _s3_location(store)
         return cls(volume_id, location, accepting)

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from sealfs.cli.main import parse
 from sealfs.cli.paths import state_dir
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.errors import IntegrityError, RolledBackError
+from sealfs.store.local import LocalStore
 from sealfs.store.url import open_store
 from tests.mounts import PASSPHRASE, VolumeEnv, sealfs
 
@@ -330,3 +332,19 @@ def test_a_commit_during_the_load_does_not_refuse_a_read_only_mount(
     if result.returncode == 0:
         env.umount()
     assert result.returncode == 0, result.stderr + env.log_text()
+
+
+def test_a_local_store_s_record_is_this_host_s(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home shared between hosts (NFS) holds every host's records: two hosts, each
+    with its own store at one path, refused each other's as rolled back."""
+    url = str(tmp_path / "store")
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setattr(socket, "gethostname", lambda: "alpha")
+    alpha = SeenVolume.of(VOLUME, url, store)
+    monkeypatch.setattr(socket, "gethostname", lambda: "beta")
+    beta = SeenVolume.of(VOLUME, url, store)
+    alpha.remember(9)
+    beta.check(2)  # beta's own store, at the same path
+    assert alpha.path != beta.path and "on alpha" in alpha.location
