@@ -529,7 +529,11 @@ class LocalStore:
 
     def _sync_paths(self, files: set[str], dirs: set[str]) -> None:
         dirs = self._with_new_parents(dirs)
-        if len(files) + len(dirs) > SYNCFS_ABOVE and self._syncfs_reaches_disk():
+        if not self._syncfs_reaches_disk():
+            # Nor may syncfs stand in for a path we may not open (the directory holding
+            # the root, on sshfs): that one is skipped, every other one flushed.
+            self._flush_all(sorted(files), sorted(dirs), skip_denied=True)
+        elif len(files) + len(dirs) > SYNCFS_ABOVE:
             self._syncfs()
         else:
             try:
@@ -556,8 +560,11 @@ class LocalStore:
                 log.info("local store at %s is on a FUSE file system: synced by path", self.root)
         return self._syncfs_works
 
-    def _flush_all(self, files: Sequence[str], dirs: Sequence[str]) -> None:
-        """fdatasync the files, then fsync the directories; raises the first error.
+    def _flush_all(
+        self, files: Sequence[str], dirs: Sequence[str], *, skip_denied: bool = False
+    ) -> None:
+        """fdatasync the files, then fsync the directories; raises the first error
+        (skip_denied: but for paths we may not open, left as they are).
 
         Each flush waits for a journal commit or a disk cache flush. A few are
         cheapest one after the other; more run FLUSH_THREADS at a time, so that
@@ -567,11 +574,13 @@ class LocalStore:
         if len(files) + len(dirs) <= FLUSH_INLINE:
             for paths, flags, flush in jobs:
                 for path in paths:
-                    self._flush(path, flags, flush)
+                    self._flush(path, flags, flush, skip_denied)
             return
         with ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="sealfs-sync") as pool:
             for paths, flags, flush in jobs:  # every file before any directory
-                futures = [pool.submit(self._flush, path, flags, flush) for path in paths]
+                futures = [
+                    pool.submit(self._flush, path, flags, flush, skip_denied) for path in paths
+                ]
                 for future in futures:
                     future.result()
 
@@ -594,16 +603,22 @@ class LocalStore:
                 out.add(path)
         return out
 
-    def _flush(self, path: str, flags: int, flush: Callable[[int], None]) -> None:
+    def _flush(
+        self, path: str, flags: int, flush: Callable[[int], None], skip_denied: bool = False
+    ) -> None:
         """Open path and flush it; a path removed since needs nothing.
 
-        Raises PermissionError as it is (the caller falls back to syncfs).
+        Raises PermissionError as it is (the caller falls back to syncfs), unless
+        skip_denied (where syncfs would do nothing): then the path is left as it is.
         """
         try:
             fd = os.open(path, flags | os.O_CLOEXEC)
         except FileNotFoundError:
             return
         except PermissionError:
+            if skip_denied:
+                log.debug("sync: may not open %s, left unsynced", path)
+                return
             raise
         except OSError as exc:
             raise self._error(exc, f"open {self._relative(path)} for sync") from exc

@@ -578,6 +578,37 @@ def test_a_store_on_a_fuse_file_system_is_synced_by_path(
         env.umount()
 
 
+def test_a_store_on_fuse_below_a_parent_it_may_not_open_is_still_synced_by_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sync flushes the directory holding the root too; one the user may not
+    open (sshfs, a shared directory of mode 0711) made the sync fall back to syncfs.
+    Regression: on a FUSE file system that syncfs is a no-op, and the directories the
+    flush had not reached yet (the root and l/, after the parent it stopped at) were
+    left unsynced: the new segment's entry was not durable, its commit reported so."""
+    monkeypatch.setattr(local, "syncfs_reaches", lambda fd: False)
+    top = str(tmp_path)
+    real_open = os.open
+
+    def open_(path: str | bytes | os.PathLike[str], flags: int, *args: int, **kw: int) -> int:
+        if os.fspath(path) == top:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), top)
+        return real_open(path, flags, *args, **kw)
+
+    root = tmp_path / "store"
+    root.mkdir()
+    store = LocalStore(root)
+    flushes = Flushes(monkeypatch)
+    monkeypatch.setattr(os, "open", open_)
+    store.put("l/00000001", b"segment")  # 1 file, 3 directories: flushed inline
+    store.sync()
+    assert flushes.take() == ([str(root / "l/00000001")], [str(root), str(root / "l")])
+    assert flushes.syncfs == 0
+    store.put("l/00000002", b"segment")  # the parent is not asked for again
+    store.sync()
+    assert flushes.take() == ([str(root / "l/00000002")], [str(root / "l")])
+
+
 def test_a_replaced_or_exclusive_object_is_flushed_before_its_name_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
