@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.cli.rekey_cmd import _check_daemon_takes_keys
+from sealfs.cli.rekey_cmd import _check_daemon_takes_keys, _same_store
 from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from tests.cli.test_bad_input import fingerprint, one_line
@@ -107,6 +107,31 @@ def test_rekey_of_a_copy_made_under_a_live_mount_names_that_mount(
     result = sealfs("rekey", str(copy), "--passphrase-file", str(env.passfile), "--drop-slot", "1")
     assert result.returncode == 0, result.stderr  # the copy's own rekey, here
     assert set(epochs(copy).values()) == {1} and set(epochs(env.store).values()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("served", "ours", "same"),
+    [
+        ("b/vol/ at AWS S3 (eu-west-1)", "b/vol/ at AWS S3", True),
+        ("b/vol/ at AWS S3 (eu-west-1)", "b/vol/ at AWS S3 (us-east-1)", True),
+        ("b/vol/ at https://S3.example:443/", "b/vol/ at https://s3.example", True),
+        ("b/vol/ at AWS S3 (cn-north-1)", "b/vol/ at AWS S3 (eu-west-1)", False),
+        ("b/vol/ at https://s3.example", "b/copy/ at https://s3.example", False),
+        ("b/vol/ at https://s3.example", "b/vol/ at https://s3.other", False),
+        ("b/vol/ at https://s3.example", "b/vol/ at AWS S3", False),
+        ("b/vol/ at http://s3.example", "b/vol/ at https://s3.example", False),
+    ],
+)
+def test_the_same_s3_store_however_the_daemon_and_the_command_spell_the_service(
+    served: str, ours: str, same: bool
+) -> None:
+    """The daemon and `sealfs rekey` each take the service from their own flags and
+    environment (a service unit's AWS_REGION, a slash after the endpoint). Regression:
+    any difference in the text made the live mount of this very store look like the
+    writer of another copy, and the rekey refused (exit 5) until it was unmounted."""
+    served, ours = f"s3 store s3://{served}", f"s3 store s3://{ours}"
+    assert _same_store(served, ours) is same
+    assert _same_store(ours, served) is same
 
 
 def test_rekey_while_mounted_and_written(mounted_env: VolumeEnv) -> None:

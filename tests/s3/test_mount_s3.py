@@ -360,3 +360,25 @@ def test_rekey_of_a_mounted_s3_volume_through_faults(
     assert_holds(env.mnt, files)
     env.umount()
     assert sum(proxy.injected.values()) > 0, proxy.injected
+
+
+def test_rekey_of_a_mounted_s3_volume_whose_endpoint_is_spelled_otherwise(
+    s3_env: S3VolumeEnv,
+) -> None:
+    """The daemon started with --s3-endpoint URL (a service unit), the rekey run with
+    AWS_ENDPOINT_URL=URL/ from a shell. Regression: the two descriptions of the same
+    store differed by that slash, so the rekey took the live mount for the writer of
+    another copy and refused (exit 5, "this store is a copy"), where it is the mount's."""
+    env = s3_env
+    env.mount()
+    try:
+        checkpoint(env.mnt, "f.bin", b"f" * 5000)
+        result = sealfs(
+            "rekey", env.url, "--passphrase-file", str(env.passfile), "--drop-slot", "1",
+            env={**os.environ, "AWS_ENDPOINT_URL": env.endpoint + "/"}, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr + env.log_text()
+        assert env.status()["key_epoch"] == 1
+        assert_holds(env.mnt, {"f.bin": b"f" * 5000})
+    finally:
+        env.umount()
