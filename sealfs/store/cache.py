@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sealfs.errors import ConfigError, FormatError, IntegrityError
+from sealfs.errors import ConfigError, FormatError, IntegrityError, SealfsError
 from sealfs.store.base import (
     PRIVATE_DIR_MODE,
     ObjectInfo,
@@ -241,6 +241,26 @@ class CachingStore:
         """The store's own copy of name, past the cache (which it leaves as it is)."""
         return self.inner.get(name, max_size)
 
+    def cached_head(self, name: str, size: int) -> bytes | None:
+        """Up to size first bytes of the cached copy of name, None if none is cached.
+        Leaves the copy and its place in the LRU order as they are."""
+        if not is_cached_name(name):
+            return None
+        with self._lock:
+            if validate_name(name) not in self._entries:
+                return None
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self._path(name), flags)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def stat(self, name: str) -> ObjectInfo:
         """Delegate: the etag is the store's to give."""
         return self.inner.stat(name)
@@ -361,6 +381,30 @@ def get_stored(store: ObjectStore, name: str, max_size: int | None = None) -> by
     """
     fetch: Callable[[str, int | None], bytes] = getattr(store, "get_stored", store.get)
     return fetch(name, max_size)
+
+
+def drop_cached_unless(
+    store: ObjectStore, name: str, keep: Callable[[bytes], bool], head: int
+) -> None:
+    """Drop the cached copy of name, if a cache in front of store holds one, unless
+    keep(its first head bytes): one it rejects, or raises a SealfsError on, is dropped.
+
+    For a rekey that finds the store's copy already re-sealed: the cache may still
+    hold the copy from before, under the key the rekey is there to retire.
+    """
+    peek: Callable[[str, int], bytes | None] | None = getattr(store, "cached_head", None)
+    if peek is None:
+        return
+    data = peek(name, head)
+    if data is None:
+        return
+    try:
+        kept = keep(data)
+    except SealfsError:
+        kept = False
+    if not kept:
+        discard: Callable[[str], None] = getattr(store, "discard")  # noqa: B009
+        discard(name)
 
 
 def get_opened(

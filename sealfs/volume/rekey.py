@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import trio
 
 from sealfs.crypto.envelope import (
+    HEADER_SIZE,
     ObjectKind,
     chunk_binding,
     generation_binding,
@@ -57,7 +58,7 @@ from sealfs.meta.codec import (
     parse_generation,
 )
 from sealfs.store.base import ObjectStore
-from sealfs.store.cache import get_stored
+from sealfs.store.cache import drop_cached_unless, get_stored
 from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX, MAX_SEALED_CHUNK
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
@@ -245,7 +246,7 @@ class Rekeyer:
             # re-sealed (a store restored from a backup taken mid-rekey, or a copy of
             # it sharing the cache) made it look done, and the old key was dropped
             # with the store's copy still sealed under it.
-            return self._reseal_checked(name, get_stored(self._store, name, bound))
+            size = self._reseal_checked(name, get_stored(self._store, name, bound))
         except ObjectNotFoundError:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
         except (IntegrityError, FormatError) as exc:
@@ -257,6 +258,16 @@ class Rekeyer:
             # rekey from finishing; it stays until unused chunks are collected.
             log.warning("rekey: %s left as it is, not re-sealed (no file uses it): %s", name, exc)
             return 0
+        if not size:
+            # Re-sealed in the store already (by another process, with another cache or
+            # none): a copy cached here before the rekey would keep the old key's
+            # ciphertext after the key is dropped.
+            drop_cached_unless(self._store, name, self._sealed_now, HEADER_SIZE)
+        return size
+
+    def _sealed_now(self, head: bytes) -> bool:
+        """Whether a sealed object's first bytes name the current epoch."""
+        return read_envelope_epoch(head) == self._ring.epoch
 
     def _never_recorded(self, name: str) -> bool:
         """Whether name is a chunk that no record of the volume names (live state: the

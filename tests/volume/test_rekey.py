@@ -193,6 +193,34 @@ async def test_a_stale_cached_chunk_does_not_stop_a_later_rekey(
     check_rekeyed(volume_store, 2)
 
 
+async def test_a_rekey_that_finds_a_chunk_done_drops_its_old_cached_copy(
+    volume_store: ObjectStore, tmp_path: Path
+) -> None:
+    """A rekey resumed by a mount whose cache was filled before the rekey began, after
+    another process (another host, `sealfs rekey` with its own cache) re-sealed the
+    chunks in the store. Regression: deciding from the store's copy, it skipped those
+    chunks and left their old-key copies in its own cache for good, which README says
+    only caches the rekeying process did not use may hold."""
+    cache = tmp_path / "cache"
+    async with mounted(CachingStore(volume_store, cache, 1 << 30)) as volume:
+        files = await write_sample(volume, b"o", 2 << 20)  # cached under epoch 0
+    start_rekey(volume_store)
+    mid_rekey = volume_store.get(HEADER_NAME)
+    async with mounted(volume_store) as volume:  # done elsewhere, without that cache
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()  # type: ignore[union-attr]
+    # Interrupted just before the old key was dropped there: resumed with the old cache.
+    volume_store.put(HEADER_NAME, mid_rekey)
+    async with mounted(CachingStore(volume_store, cache, 1 << 30)) as volume:
+        with trio.fail_after(60):
+            await volume.rekey.done.wait()  # type: ignore[union-attr]
+    check_rekeyed(volume_store, 1)
+    cached = [p for p in (cache / "c").rglob("*") if p.is_file()]
+    assert {read_envelope_epoch(p.read_bytes()) for p in cached} <= {1}  # no file read yet
+    async with mounted(volume_store) as volume:
+        await check_files(volume, files)
+
+
 async def test_a_rekey_resumed_on_a_restored_store_reseals_what_its_cache_holds_resealed(
     volume_store: ObjectStore, tmp_path: Path
 ) -> None:
