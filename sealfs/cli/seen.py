@@ -11,8 +11,8 @@ refuses unless told the restore was meant (--accept-rollback).
 The record is a hint kept in the state directory, never needed to open a
 volume: a host that lost it (or never had it) checks nothing, so a failure to
 read or write it is a warning, not an error. It holds the volume id, the
-store's description and a generation number, all of which the store or the
-command line shows anyway; no key material and nothing of the volume's content.
+store's location and a generation number, all of which the store, the host or
+the command line shows anyway; no key material and nothing of the volume's content.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class SeenVolume:
     """The record of one volume at one store location."""
 
     volume_id: bytes
-    location: str  # the store's description: its absolute path, or bucket, prefix, endpoint
+    location: str  # a local store's real path and host, or an S3 bucket, prefix, endpoint
     accepting: bool = False  # --accept-rollback: the store may be behind, the record goes back
     _warned: bool = field(default=False, repr=False)  # one warning per process, not per 30 s
 
@@ -98,11 +98,6 @@ class SeenVolume:
                 log.warning("%s: a rollback of the store will not be detected", exc)
             self._warned = True
             return None
-
-    def newest(self) -> int | None:
-        """The newest generation recorded, if any."""
-        seen = self._read()
-        return None if seen is None else seen[0]
 
     def recorded(self) -> Recorded | None:
         """The record as it is now: (generation, when it was recorded in ns), if any."""
