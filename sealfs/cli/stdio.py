@@ -69,7 +69,8 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
 
 
 # Control characters (a newline or tab in a path) escaped as Python writes them.
-_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F)}
+# C1 too (U+0080-U+009F, in a UTF-8 path): U+009B is a terminal's CSI, as ESC [ is.
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
 def error_line(message: str) -> None:

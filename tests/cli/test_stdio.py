@@ -122,3 +122,13 @@ def test_an_error_naming_a_path_with_a_newline_is_one_line(tmp_path: Path) -> No
     assert result.returncode == USAGE, result.stderr
     assert result.stderr.startswith(f"sealfs: store {tmp_path}/a\\nb\\tc does not exist")
     assert result.stderr.count("\n") == 1
+
+
+def test_an_error_naming_a_path_with_c1_controls_escapes_them(tmp_path: Path) -> None:
+    """U+009B is CSI to a terminal, as ESC [ is: a path holding it could move the
+    cursor or recolour the terminal through an error line."""
+    store = tmp_path / "a\u009b31mb"
+    result = run_with("", "status", str(store), "--passphrase-file", str(tmp_path / "p"))
+    assert result.returncode == USAGE, result.stderr
+    assert "\u009b" not in result.stderr
+    assert f"store {tmp_path}/a\\x9b31mb does not exist" in result.stderr
