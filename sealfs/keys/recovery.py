@@ -64,7 +64,8 @@ def parse_recovery_key(text: str) -> bytes:
     (a typo). The message never quotes the text: it may be, or be close to, a
     secret (a passphrase file given as the recovery key file, a mistyped key).
     """
-    text = text.strip().lower()
+    # A byte order mark (a file saved by a Windows editor) is no part of any key.
+    text = text.strip().removeprefix("\ufeff").strip().lower()
     # The prefix is optional. Base32 may itself start with "sfrk", so without
     # a separator after it only the length tells whether it is the prefix.
     if _PREFIX_RE.match(text):

@@ -39,6 +39,7 @@ def test_round_trip(key: bytes) -> None:
         GOLDEN_TEXT.replace("-", ""),
         GOLDEN_TEXT[len("sfrk-") :],
         f"  {GOLDEN_TEXT}\n",
+        f"\ufeff{GOLDEN_TEXT}\r\n",  # a file saved with a byte order mark
         GOLDEN_TEXT.replace("-", " - ").replace("ucq2", "UcQ2"),
     ],
 )
