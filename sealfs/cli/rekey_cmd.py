@@ -20,7 +20,6 @@ import os
 import socket
 import sys
 import time
-from urllib.parse import urlsplit
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -50,6 +49,7 @@ from sealfs.keys.slots import (
     passphrase_slot_maker,
     recovery_slot_maker,
 )
+from sealfs.store.base import store_location
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import (
@@ -195,7 +195,7 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
             continue
         if status.get("pid") == w.pid and status.get("volume_id") == loaded.volume_id.hex():
             served = str(status.get("store", ""))
-            if not _same_store(served, loaded.store.describe()):
+            if not _same_store(status.get("store_location"), store_location(loaded.store)):
                 # A copy of the volume made while that mount wrote (rsync, cp -a) keeps
                 # its writer record. Handed over, the key failed the daemon's check of
                 # its own header (EINVAL) after this store's header had changed.
@@ -212,59 +212,20 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
     )
 
 
-def _same_store(served: str, ours: str) -> bool:
-    """Whether a daemon's store (its description) is this command's: the same text, for
-    local stores the same directory however its path was spelled, for S3 stores the same
-    bucket and prefix at the same service however it was spelled."""
-    if served == ours:
+def _same_store(served: object, ours: str) -> bool:
+    """Whether a daemon's store (the location its status gives) is this command's: the
+    same location, or for local stores the same directory (a bind mount, say).
+
+    A daemon older than the field gives none: taken for this store's, as before."""
+    if served is None or served == ours:
         return True
     prefix = "local store at "
-    if served.startswith(prefix) and ours.startswith(prefix):
-        try:
-            return os.path.samefile(served[len(prefix) :], ours[len(prefix) :])
-        except OSError:
-            return False
-    prefix = "s3 store "
-    if served.startswith(prefix) and ours.startswith(prefix):
-        # "s3 store s3://BUCKET/PREFIX at WHERE": a prefix may hold " at ", WHERE never.
-        url, _, where = served[len(prefix) :].rpartition(" at ")
-        our_url, _, our_where = ours[len(prefix) :].rpartition(" at ")
-        return url == our_url and _same_service(where, our_where)
-    return False
-
-
-def _same_service(one: str, other: str) -> bool:
-    """Whether two S3 stores' WHERE (an endpoint URL, or "AWS S3" and maybe its region)
-    name one service. The daemon and this command each took theirs from their own flags
-    and environment: a service unit's AWS_REGION, or a trailing slash on the endpoint,
-    made the mount's own store look like another copy of the volume."""
-    aws = "AWS S3"
-    if one.startswith(aws) and other.startswith(aws):
-        # Bucket names are global within a partition (aws, aws-cn, aws-us-gov).
-        ours, theirs = _aws_partition(one), _aws_partition(other)
-        return ours is None or theirs is None or ours == theirs
-    return _endpoint_key(one) == _endpoint_key(other)
-
-
-def _aws_partition(where: str) -> str | None:
-    """The partition of "AWS S3 (REGION)", or None for "AWS S3" (region not known)."""
-    region = where.partition("(")[2].rstrip(")")
-    if not region:
-        return None
-    return next((p for p in ("cn-", "us-gov-", "us-iso") if region.startswith(p)), "aws")
-
-
-def _endpoint_key(url: str) -> tuple[str, str, int | None, str] | str:
-    """An endpoint URL as the client reaches it: scheme and host in any case, the
-    default port given or not, a trailing slash or not."""
-    parts = urlsplit(url)
+    if not (isinstance(served, str) and served.startswith(prefix) and ours.startswith(prefix)):
+        return False
     try:
-        port = parts.port
-    except ValueError:
-        return url
-    scheme = parts.scheme.lower()
-    port = port or {"http": 80, "https": 443}.get(scheme)
-    return scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/")
+        return os.path.samefile(served[len(prefix) :], ours[len(prefix) :])
+    except OSError:
+        return False
 
 
 def _check_daemon_takes_keys(mountpoint: str) -> None:

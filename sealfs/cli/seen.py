@@ -43,8 +43,9 @@ from sealfs.store.base import (
     NotARegularFileError,
     ObjectStore,
     read_regular_file,
+    store_location,
 )
-from sealfs.store.url import is_local_url, local_path
+from sealfs.store.url import is_local_url
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,9 @@ class SeenVolume:
         holds their records side by side, and two hosts each with its own store at one
         path refused each other's as rolled back.
         """
+        location = store_location(store)
         if is_local_url(url):
-            real = os.path.realpath(local_path(url))
-            location = f"local store at {real} on {socket.gethostname()}"
-        else:
-            location = _s3_location(store)
+            location += f" on {socket.gethostname()}"
         return cls(volume_id, location, accepting)
 
     @property
@@ -243,19 +242,6 @@ def unlock_seen(
     seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
     recorded = seen.recorded()
     return load_unlocked(store, unlock_header(args, header)), seen, recorded
-
-
-def _s3_location(store: ObjectStore) -> str:
-    """The location of the S3 store under its wrappers (retries, cache): the same for
-    every spelling of its URL and endpoint (see S3Store.location)."""
-    from sealfs.store.s3 import S3Store  # noqa: PLC0415 - boto3 is slow to import
-
-    inner: object = store
-    while not isinstance(inner, S3Store):
-        inner = getattr(inner, "inner", None)
-        if inner is None:
-            return store.describe()
-    return inner.location()
 
 
 def _write_all(fd: int, data: bytes) -> None:

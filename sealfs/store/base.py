@@ -140,6 +140,18 @@ def request_counts(store: object) -> dict[str, int] | None:
     return counts
 
 
+def store_location(store: ObjectStore) -> str:
+    """Where store's objects are, the same however a command line or environment named
+    them; its description where the backend gives nothing more exact.
+
+    Optional, as request_counts: the local and S3 stores and the wrappers define
+    location(). Two processes compare it to tell one store from a copy of it, and the
+    host keys its record of the generations it saw by it (sealfs.cli.seen).
+    """
+    method = getattr(store, "location", None)
+    return str(method()) if method is not None else store.describe()
+
+
 def is_stale_temp(mtime: float, age: float) -> bool:
     """Whether a temp file dated mtime was left by a crash: dated more than age from now.
 

@@ -41,6 +41,7 @@ from sealfs.store.base import (
     read_regular_file,
     remove_crash_leftovers,
     request_counts,
+    store_location,
     validate_name,
 )
 
@@ -323,6 +324,10 @@ class CachingStore:
     def remove_crash_leftovers(self, older_than: float) -> int:
         """Delegate."""
         return remove_crash_leftovers(self.inner, older_than)
+
+    def location(self) -> str:
+        """The inner store's location."""
+        return store_location(self.inner)
 
     def describe(self) -> str:
         """Delegate."""

@@ -23,7 +23,13 @@ from sealfs.errors import (
     SyncFailedError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore, remove_crash_leftovers, request_counts
+from sealfs.store.base import (
+    ObjectInfo,
+    ObjectStore,
+    remove_crash_leftovers,
+    request_counts,
+    store_location,
+)
 
 T = TypeVar("T")
 
@@ -226,6 +232,10 @@ class FaultyStore:
     def remove_crash_leftovers(self, older_than: float) -> int:
         """Delegate."""
         return remove_crash_leftovers(self.inner, older_than)
+
+    def location(self) -> str:
+        """The inner store's location."""
+        return store_location(self.inner)
 
     def describe(self) -> str:
         """Describe the inner store, marked as fault-injecting."""

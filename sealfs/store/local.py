@@ -700,6 +700,10 @@ class LocalStore:
             return 0
         return st.f_bavail * st.f_frsize
 
+    def location(self) -> str:
+        """The root's real path: one directory, however a symlink named it."""
+        return f"local store at {os.path.realpath(self.root)}"
+
     def describe(self) -> str:
         """Return "local store at ROOT"."""
         return f"local store at {self.root}"

@@ -24,7 +24,13 @@ from sealfs.errors import (
     StoreUnavailableError,
     TransientStoreError,
 )
-from sealfs.store.base import ObjectInfo, ObjectStore, remove_crash_leftovers, request_counts
+from sealfs.store.base import (
+    ObjectInfo,
+    ObjectStore,
+    remove_crash_leftovers,
+    request_counts,
+    store_location,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("sealfs.store")
@@ -166,6 +172,10 @@ class RetryingStore:
     def remove_crash_leftovers(self, older_than: float) -> int:
         """Delegate."""
         return remove_crash_leftovers(self.inner, older_than)
+
+    def location(self) -> str:
+        """The inner store's location."""
+        return store_location(self.inner)
 
     def describe(self) -> str:
         """The inner store's description: retrying is invisible to users."""

@@ -25,6 +25,7 @@ by the daemon and may since have been reused.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import os
 import secrets
@@ -144,6 +145,21 @@ def _strip_userinfo(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _endpoint_location(endpoint: str) -> str:
+    """An endpoint URL as the client reaches it: scheme and host in any case, the
+    default port given or not, a trailing slash or not."""
+    parts = urlsplit(_strip_userinfo(endpoint))
+    scheme = parts.scheme.lower()
+    netloc = parts.netloc.lower()
+    with contextlib.suppress(ValueError):  # a port that is no number: left as written
+        if parts.port is not None and parts.port == _DEFAULT_PORTS.get(scheme):
+            netloc = netloc.rsplit(":", 1)[0]
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def _read_at_most(body: Any, limit: int) -> bytes:
@@ -527,10 +543,7 @@ class S3Store:
         """
         endpoint = self._custom_endpoint()
         if endpoint:
-            parts = urlsplit(_strip_userinfo(endpoint))
-            where = urlunsplit(
-                (parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"), "", "")
-            )
+            where = _endpoint_location(endpoint)
         else:
             region = self._region() or os.environ.get("AWS_DEFAULT_REGION") or ""
             partition = next((p for r, p in _PARTITIONS if region.startswith(r)), "")

@@ -10,7 +10,7 @@ import trio.lowlevel
 
 from sealfs.errors import FencedError
 from sealfs.meta import ops
-from sealfs.store.base import request_counts
+from sealfs.store.base import request_counts, store_location
 
 if TYPE_CHECKING:
     from sealfs.meta.model import MetaState
@@ -46,6 +46,7 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "pid": os.getpid(),
         "volume_id": volume.loaded.volume_id.hex(),
         "store": store.describe(),
+        "store_location": store_location(store),  # to tell this store from a copy of it
         "generation": commits.generation,
         "last_commit_ns": commits.last_commit_ns,
         "pending_bytes": buffered

@@ -20,6 +20,7 @@ import pytest
 from sealfs.cli.rekey_cmd import _check_daemon_takes_keys, _same_store
 from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
+from sealfs.store.s3 import S3Store
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.mounts import VolumeEnv, python_for_others, sealfs
 
@@ -123,15 +124,29 @@ def test_rekey_of_a_copy_made_under_a_live_mount_names_that_mount(
     ],
 )
 def test_the_same_s3_store_however_the_daemon_and_the_command_spell_the_service(
-    served: str, ours: str, same: bool
+    served: str, ours: str, same: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The daemon and `sealfs rekey` each take the service from their own flags and
     environment (a service unit's AWS_REGION, a slash after the endpoint). Regression:
     any difference in the text made the live mount of this very store look like the
     writer of another copy, and the rekey refused (exit 5) until it was unmounted."""
-    served, ours = f"s3 store s3://{served}", f"s3 store s3://{ours}"
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(variable, raising=False)
+    served, ours = _s3_location(served), _s3_location(ours)
     assert _same_store(served, ours) is same
     assert _same_store(ours, served) is same
+
+
+def _s3_location(spec: str) -> str:
+    """The location of the S3 store "BUCKET/PREFIX at WHERE" names, WHERE being an
+    endpoint URL or "AWS S3" with an optional "(REGION)", as a process sees it."""
+    path, _, where = spec.partition(" at ")
+    name, _, prefix = path.partition("/")
+    bucket = f"bucket-{name}"  # a name S3 accepts (3 characters at least)
+    if where.startswith("AWS S3"):
+        region = where.partition("(")[2].rstrip(")") or None
+        return S3Store(bucket, prefix, region=region).location()
+    return S3Store(bucket, prefix, endpoint_url=where).location()
 
 
 def test_rekey_while_mounted_and_written(mounted_env: VolumeEnv) -> None:
