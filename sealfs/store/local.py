@@ -78,16 +78,16 @@ FLUSH_THREADS = 16  # beyond it, flushes in flight at once
 DIRECT_FROM = 256 << 10
 
 
-def _load_syncfs() -> Callable[[int], int] | None:
-    """Return libc's syncfs(2), or None where the C library lacks it."""
+def _libc_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """libc's function name, returning an int, or None where the C library lacks it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on
     except OSError:
         return None
-    fn = getattr(libc, "syncfs", None)
+    fn = getattr(libc, name, None)
     if fn is None:
         return None
-    fn.argtypes = [ctypes.c_int]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
 
@@ -96,21 +96,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
 FUSE_SUPER_MAGIC = 0x65735546
 
 
-def _load_fstatfs() -> Callable[[int, ctypes.Array[ctypes.c_char]], int] | None:
-    """Return libc's fstatfs(2), or None where the C library lacks it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    fn = getattr(libc, "fstatfs", None)
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-_fstatfs = _load_fstatfs()
+_fstatfs = _libc_function("fstatfs", ctypes.c_int, ctypes.c_char_p)
 
 
 def syncfs_reaches(fd: int) -> bool:
@@ -128,7 +114,7 @@ def syncfs_reaches(fd: int) -> bool:
 
 
 # Module-level so that tests can exercise the os.sync fallback and watch the calls.
-_syncfs = _load_syncfs()
+_syncfs = _libc_function("syncfs", ctypes.c_int)
 _fdatasync = os.fdatasync
 _fsync = os.fsync
 
