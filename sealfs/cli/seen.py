@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -44,6 +43,7 @@ from sealfs.store.base import (
     ObjectStore,
     read_regular_file,
     store_location,
+    write_all,
 )
 from sealfs.store.url import is_local_url
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
@@ -132,11 +132,11 @@ class SeenVolume:
         if self._where() is None:
             return
         try:
-            with self._locked():
+            with self._locked() as directory:
                 seen = self._read()
                 if seen is not None and seen[0] >= generation and not replace:
                     return
-                self._write(generation)
+                self._write(generation, directory)
         except OSError as exc:
             if not self._warned:
                 log.warning(
@@ -150,15 +150,16 @@ class SeenVolume:
             self._warned = True
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One writer of the record at a time (a read-only and a read-write mount of
-        the same volume both keep it): a slower one never lowers it."""
+    def _locked(self) -> Iterator[int]:
+        """The record's directory, open and locked: one writer of the record at a time
+        (a read-only and a read-write mount of the same volume both keep it), so that a
+        slower one never lowers it."""
         directory = self.path.parent
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield fd
         finally:
             os.close(fd)
 
@@ -190,9 +191,10 @@ class SeenVolume:
         log.warning("%s is not a sealfs record; rollback not checked", self.path)
         return None
 
-    def _write(self, generation: int) -> None:
-        """Replace the record atomically and durably: a record lost to a power cut
-        weakens the check, a torn one would be ignored, and neither blocks a mount."""
+    def _write(self, generation: int, directory: int) -> None:
+        """Replace the record atomically and durably (directory: its directory, open):
+        a record lost to a power cut weakens the check, a torn one would be ignored,
+        and neither blocks a mount."""
         record = {
             "volume_id": self.volume_id.hex(),
             "store": self.location,
@@ -207,7 +209,7 @@ class SeenVolume:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temporary, flags, 0o600)
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
             os.replace(temporary, self.path)
         except OSError:
@@ -216,11 +218,7 @@ class SeenVolume:
             raise
         finally:
             os.close(fd)
-        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        os.fsync(directory)
 
 
 def unlock_seen(
@@ -242,12 +240,6 @@ def unlock_seen(
     seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
     recorded = seen.recorded()
     return load_unlocked(store, unlock_header(args, header)), seen, recorded
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """A short write to a regular file means the disk is full."""
-    if os.write(fd, data) != len(data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 @contextlib.contextmanager

@@ -152,6 +152,13 @@ def store_location(store: ObjectStore) -> str:
     return str(method()) if method is not None else store.describe()
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of data: os.write may write less, and a full disk raises on the next."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def is_stale_temp(mtime: float, age: float) -> bool:
     """Whether a temp file dated mtime was left by a crash: dated more than age from now.
 

@@ -51,6 +51,7 @@ from sealfs.store.base import (
     regular_file_etag,
     validate_name,
     validate_prefix,
+    write_all,
 )
 from sealfs.store.direct import DirectIOUnsupported, open_direct, write_direct
 
@@ -122,12 +123,6 @@ _fsync = os.fsync
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _dir_id(path: Path) -> tuple[int, int] | None:
@@ -319,7 +314,7 @@ class LocalStore:
                 self._no_direct(exc)
             else:
                 return
-        _write_all(fd, data)
+        write_all(fd, data)
 
     def _no_direct(self, exc: DirectIOUnsupported) -> None:
         with self._direct_lock:  # puts come from several threads: one line, not one each
