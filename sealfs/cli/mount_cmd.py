@@ -22,13 +22,14 @@ from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, state_dir
 from sealfs.cli.sdnotify import notify_ready
-from sealfs.cli.seen import SeenVolume, kept_current, unlock_seen
+from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
     add_cache_options,
     add_unlock_options,
+    unlock_seen,
 )
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (

@@ -17,7 +17,6 @@ the command line shows anyway; no key material and nothing of the volume's conte
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -32,11 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealfs.cli.keysource import unlock_header
 from sealfs.cli.paths import state_dir
-from sealfs.cli.unlock import store_from
 from sealfs.errors import ConfigError, RolledBackError
-from sealfs.keys.header import decode_header
 from sealfs.store.base import (
     FileTooLargeError,
     NotARegularFileError,
@@ -46,7 +42,6 @@ from sealfs.store.base import (
     write_all,
 )
 from sealfs.store.url import is_local_url
-from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 log = logging.getLogger(__name__)
 
@@ -219,27 +214,6 @@ class SeenVolume:
         finally:
             os.close(fd)
         os.fsync(directory)
-
-
-def unlock_seen(
-    args: argparse.Namespace, *, accepting: bool = False
-) -> tuple[Loaded, SeenVolume, Recorded | None]:
-    """Open, unlock and load the volume the arguments name (errors are typed), with
-    the volume's record at that store as read BEFORE the log is listed.
-
-    A mount of the volume on this host (read-write, while a read-only mount or
-    'status STORE' loads) commits, then records that generation. Read after the
-    listing, the record could hold a generation committed since, which the load did
-    not see: a store that is whole was refused as rolled back (exit 4), or shown as
-    "behind". A record read first holds only generations committed before the
-    listing, all of which the listing sees in a store that is whole.
-    """
-    store = store_from(args)
-    header = read_header(store)  # "not a volume" before asking for a passphrase
-    volume_id = decode_header(header).volume_id  # the bytes that unlock authenticates
-    seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
-    recorded = seen.recorded()
-    return load_unlocked(store, unlock_header(args, header)), seen, recorded
 
 
 @contextlib.contextmanager

@@ -12,9 +12,8 @@ from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
-from sealfs.cli.seen import unlock_seen
 from sealfs.cli.units import format_size
-from sealfs.cli.unlock import add_unlock_options
+from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
 from sealfs.keys.header import HEADER_NAME

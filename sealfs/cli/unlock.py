@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sealfs.cli.keysource import add_headless_options
+from sealfs.cli.keysource import add_headless_options, unlock_header
+from sealfs.cli.seen import Recorded, SeenVolume
 from sealfs.cli.units import parse_size, seconds
+from sealfs.keys.header import decode_header
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import check_local_directory, open_store
+from sealfs.volume.loader import Loaded, load_unlocked, read_header
 
 # A command someone waits for gives up on an unreachable store sooner than a mount,
 # whose fsyncs ride out an outage (a mistyped endpoint kept `status` busy for 5 minutes).
@@ -84,3 +87,24 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
         s3_endpoint=getattr(args, "s3_endpoint", None),
         store_timeout=seconds(args.store_timeout, "--store-timeout"),
     )
+
+
+def unlock_seen(
+    args: argparse.Namespace, *, accepting: bool = False
+) -> tuple[Loaded, SeenVolume, Recorded | None]:
+    """Open, unlock and load the volume the arguments name (errors are typed), with
+    the volume's record at that store as read BEFORE the log is listed.
+
+    A mount of the volume on this host (read-write, while a read-only mount or
+    'status STORE' loads) commits, then records that generation. Read after the
+    listing, the record could hold a generation committed since, which the load did
+    not see: a store that is whole was refused as rolled back (exit 4), or shown as
+    "behind". A record read first holds only generations committed before the
+    listing, all of which the listing sees in a store that is whole.
+    """
+    store = store_from(args)
+    header = read_header(store)  # "not a volume" before asking for a passphrase
+    volume_id = decode_header(header).volume_id  # the bytes that unlock authenticates
+    seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
+    recorded = seen.recorded()
+    return load_unlocked(store, unlock_header(args, header)), seen, recorded
