@@ -17,7 +17,7 @@ from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.oserrors import describe_os_error
-from sealfs.cli.stdio import error_line, standard_streams, stdout_writable
+from sealfs.cli.stdio import discard_stdout, error_line, standard_streams, stdout_writable
 from sealfs.errors import SealfsError
 
 DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
@@ -156,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
             # `sealfs status --json | head -1`: nothing to say, and the flush at exit
             # must not fail on the closed pipe again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            discard_stdout()
             return FAILURE
         if exc.errno == errno.EBADF and not stdout_writable():
             # `sealfs status >&-`: said only "Bad file descriptor", then Python's flush at
             # exit failed on the same output again ("Exception ignored ...", exit 120).
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            discard_stdout()
             error_line("cannot write the output: stdout is closed")
             return FAILURE
         error_line(describe_os_error(exc))

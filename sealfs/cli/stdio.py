@@ -45,6 +45,14 @@ def standard_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def discard_stdout() -> None:
+    """Point stdout at /dev/null: output it still holds (the flush at exit) would fail
+    again on the pipe or descriptor that failed it."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+
+
 def stdout_writable() -> bool:
     """Whether output can be written to stdout (not closed, not opened for reading only)."""
     try:
