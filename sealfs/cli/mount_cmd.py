@@ -128,7 +128,7 @@ def run_mount(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded, seen, recorded = unlock_seen(args, accepting=args.accept_rollback)
-        seen.check_against(recorded, loaded.live.generation)
+        seen.check(recorded, loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         volume = Volume(loaded, options)

@@ -97,13 +97,11 @@ class SeenVolume:
         """The record as it is now: (generation, when it was recorded in ns), if any."""
         return self._read()
 
-    def check(self, generation: int) -> None:
-        """Raise RolledBackError if this host saw a newer generation at this location
-        (unless accepting)."""
-        self.check_against(self._read(), generation)
+    def check(self, recorded: Recorded | None, generation: int) -> None:
+        """Raise RolledBackError if recorded (this host's record at this location) is
+        newer than generation, unless accepting.
 
-    def check_against(self, recorded: Recorded | None, generation: int) -> None:
-        """check(), against the record as read before the store's log was listed (see
+        recorded is the record as read before the store's log was listed (see
         unlock_seen): a record read after it may hold a generation that a mount of the
         volume on this host committed since, and takes the store for rolled back."""
         seen = recorded

@@ -29,6 +29,11 @@ VOLUME = bytes(range(16))
 OTHER_VOLUME = bytes(range(1, 17))
 
 
+def check(seen: SeenVolume, generation: int) -> None:
+    """What a mount does: the record as it is now, against the generation it loaded."""
+    seen.check(seen.recorded(), generation)
+
+
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -37,12 +42,12 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_store_behind_what_this_host_saw_is_refused(state: Path) -> None:
     seen = SeenVolume(VOLUME, "local store at /srv/agent")
-    seen.check(3)  # nothing recorded yet: nothing to compare
+    check(seen, 3)  # nothing recorded yet: nothing to compare
     seen.remember(7)
-    seen.check(7)
-    seen.check(9)
+    check(seen, 7)
+    check(seen, 9)
     with pytest.raises(RolledBackError) as refused:
-        seen.check(6)
+        check(seen, 6)
     assert isinstance(refused.value, IntegrityError)  # exit 4, as for other tampering
     message = str(refused.value)
     assert "generation 6" in message and "generation 7" in message, message
@@ -55,22 +60,22 @@ def test_the_record_never_goes_back_unless_told(state: Path) -> None:
     seen.remember(7)
     seen.remember(5)  # a read-only mount that loaded earlier, say
     with pytest.raises(RolledBackError):
-        seen.check(6)
+        check(seen, 6)
     accepting = SeenVolume(VOLUME, "local store at /srv/agent", accepting=True)
-    accepting.check(5)  # --accept-rollback
+    check(accepting, 5)  # --accept-rollback
     with kept_current(accepting, lambda: 5, every=3600):
         pass
-    seen.check(5)  # the mount that accepted it lowered the record
+    check(seen, 5)  # the mount that accepted it lowered the record
     with pytest.raises(RolledBackError):
-        seen.check(4)
+        check(seen, 4)
 
 
 def test_each_volume_and_location_has_its_own_record(state: Path) -> None:
     SeenVolume(VOLUME, "local store at /srv/agent").remember(7)
-    SeenVolume(VOLUME, "local store at /backup/agent").check(2)  # a copy diverges legitimately
-    SeenVolume(OTHER_VOLUME, "local store at /srv/agent").check(2)
+    check(SeenVolume(VOLUME, "local store at /backup/agent"), 2)  # a copy diverges legitimately
+    check(SeenVolume(OTHER_VOLUME, "local store at /srv/agent"), 2)
     with pytest.raises(RolledBackError):
-        SeenVolume(VOLUME, "local store at /srv/agent").check(2)
+        check(SeenVolume(VOLUME, "local store at /srv/agent"), 2)
 
 
 def test_the_record_is_the_owner_s_and_holds_no_secret(state: Path) -> None:
@@ -105,11 +110,11 @@ def test_a_damaged_record_is_ignored_with_a_warning_then_replaced(
     seen.path.parent.mkdir(parents=True)
     seen.path.write_bytes(content)
     with caplog.at_level(logging.WARNING):
-        seen.check(1)  # the record is a hint: never a reason not to mount
+        check(seen, 1)  # the record is a hint: never a reason not to mount
     assert "rollback not checked" in caplog.text
     seen.remember(4)
     with pytest.raises(RolledBackError):
-        seen.check(3)
+        check(seen, 3)
 
 
 def test_a_record_of_an_impossible_time_still_refuses_by_its_generation(state: Path) -> None:
@@ -119,7 +124,7 @@ def test_a_record_of_an_impossible_time_still_refuses_by_its_generation(state: P
     seen.path.parent.mkdir(parents=True)
     seen.path.write_text(json.dumps({"generation": 7, "seen_at_ns": 10**30}))
     with pytest.raises(RolledBackError) as refused:
-        seen.check(6)
+        check(seen, 6)
     assert "generation 7 there (at an unknown time)" in str(refused.value)
 
 
@@ -131,7 +136,7 @@ def test_a_fifo_in_place_of_the_record_does_not_hang_the_mount(
     seen = SeenVolume(VOLUME, "local store at /srv/agent")
     seen.path.parent.mkdir(parents=True)
     os.mkfifo(seen.path)
-    checking = threading.Thread(target=seen.check, args=(1,), daemon=True)
+    checking = threading.Thread(target=check, args=(seen, 1), daemon=True)
     with caplog.at_level(logging.WARNING):
         checking.start()
         checking.join(10)
@@ -142,7 +147,7 @@ def test_a_fifo_in_place_of_the_record_does_not_hang_the_mount(
     assert "rollback not checked" in caplog.text
     seen.remember(4)  # and the FIFO makes way for a record
     with pytest.raises(RolledBackError):
-        seen.check(3)
+        check(seen, 3)
 
 
 def test_a_symlink_left_in_the_state_directory_is_never_written_through(
@@ -172,7 +177,7 @@ def test_no_usable_state_directory_is_a_warning_not_a_failure(
     seen = SeenVolume(VOLUME, "local store at /srv/agent")
     with caplog.at_level(logging.WARNING):
         seen.remember(7)
-        seen.check(1)
+        check(seen, 1)
         seen.remember(8)  # every 30 s while a mount runs: warned once is enough
     assert "cannot record generation 7" in caplog.text
     assert "generation 8" not in caplog.text
@@ -346,5 +351,5 @@ def test_a_local_store_s_record_is_this_host_s(
     monkeypatch.setattr(socket, "gethostname", lambda: "beta")
     beta = SeenVolume.of(VOLUME, url, store)
     alpha.remember(9)
-    beta.check(2)  # beta's own store, at the same path
+    check(beta, 2)  # beta's own store, at the same path
     assert alpha.path != beta.path and "on alpha" in alpha.location
