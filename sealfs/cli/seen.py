@@ -18,6 +18,7 @@ the command line shows anyway; no key material and nothing of the volume's conte
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -49,6 +50,7 @@ Recorded = tuple[int, int]  # (generation, when it was recorded in ns since the 
 
 _MAX_RECORD = 64 * 1024  # a record is about 200 bytes; anything larger is not one
 RECORD_INTERVAL = 30.0  # seconds between records while a mount runs (one small fsync)
+LOCK_WAIT = 10.0  # seconds to wait for another writer of a record before giving up
 
 
 @dataclass
@@ -151,7 +153,7 @@ class SeenVolume:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _lock_within(fd, LOCK_WAIT)
             yield fd
         finally:
             os.close(fd)
@@ -212,6 +214,27 @@ class SeenVolume:
         finally:
             os.close(fd)
         os.fsync(directory)
+
+
+def _lock_within(fd: int, seconds: float) -> None:
+    """flock(fd) exclusively, or raise OSError(EWOULDBLOCK) after seconds.
+
+    A record is held locked for two small writes; a lock held longer belongs to
+    something else (any process of this user may flock the directory), and waiting
+    on it for good hung the mount command before the mount was reported ready.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise BlockingIOError(
+                    errno.EWOULDBLOCK, f"another process has held its lock for {seconds:.0f} s"
+                ) from None
+            time.sleep(0.05)
+        else:
+            return
 
 
 @contextlib.contextmanager

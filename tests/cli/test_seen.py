@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli import seen as seen_module
 from sealfs.cli import status_cmd
 from sealfs.cli.main import parse
 from sealfs.cli.paths import state_dir
@@ -353,3 +355,45 @@ def test_a_local_store_s_record_is_this_host_s(
     alpha.remember(9)
     check(beta, 2)  # beta's own store, at the same path
     assert alpha.path != beta.path and "on alpha" in alpha.location
+
+
+def test_a_lock_held_by_another_process_is_given_up_on(
+    state: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the record's directory was locked with a blocking flock, and the
+    daemon records once before it reports the mount ready: any process of the user
+    holding that lock (a backup tool, a stuck sealfs) hung `sealfs mount` for good."""
+    monkeypatch.setattr(seen_module, "LOCK_WAIT", 0.3)
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.path.parent.mkdir(parents=True)
+    hold = "import fcntl, os, sys, time; fcntl.flock(os.open(sys.argv[1], 0), 2); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(seen.path.parent)])
+    try:
+        deadline = time.monotonic() + 10
+        while not _locked_elsewhere(seen.path.parent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        recording = threading.Thread(target=seen.remember, args=(5,), daemon=True)
+        with caplog.at_level(logging.WARNING):
+            recording.start()
+            recording.join(10)
+        assert not recording.is_alive(), "remember() waited on the lock for good"
+        assert "cannot record generation 5" in caplog.text
+        assert "held its lock" in caplog.text
+        assert seen.recorded() is None
+    finally:
+        holder.kill()
+        holder.wait()
+    seen.remember(6)  # the lock free again: recorded as ever
+    recorded = seen.recorded()
+    assert recorded is not None and recorded[0] == 6
+
+
+def _locked_elsewhere(directory: Path) -> bool:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
