@@ -8,7 +8,7 @@ import sys
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
-from sealfs.cli.paths import check_key_file_outside_store
+from sealfs.cli.paths import check_key_file_outside_store, user_path
 from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.units import seconds
@@ -35,11 +35,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_s3_options(p)
     p.add_argument(
         "--passphrase-file",
+        type=user_path,
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE, or the"
         " sealfs-passphrase systemd credential; default: asked twice on the terminal)",
     )
     p.add_argument(
-        "--recovery-key-file", help="write the recovery key to this new file instead of printing it"
+        "--recovery-key-file",
+        type=user_path,
+        help="write the recovery key to this new file instead of printing it",
     )
     add_kdf_options(p)
     add_init_key_options(p)  # --kms-key-id, --pkcs11-* (sealfs/cli/keysource.py)

@@ -23,7 +23,7 @@ from sealfs.cli.keysource import (
     token_slot_maker,
     unlock_header,
 )
-from sealfs.cli.paths import check_key_file_outside_store
+from sealfs.cli.paths import check_key_file_outside_store, user_path
 from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.unlock import add_unlock_options, store_from
@@ -117,6 +117,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _passphrase_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--new-passphrase-file",
+        type=user_path,
         metavar="FILE",
         help="read the new passphrase from this file (or SEALFS_NEW_PASSPHRASE_FILE=FILE,"
         " or the sealfs-new-passphrase systemd credential; else asked twice)",
@@ -128,6 +129,7 @@ def _new_slot_options(p: argparse.ArgumentParser) -> None:
     _passphrase_options(p)
     p.add_argument(
         "--new-recovery-key-file",
+        type=user_path,
         metavar="FILE",
         help="write the new recovery key to this new file instead of printing it",
     )

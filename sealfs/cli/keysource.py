@@ -31,6 +31,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
+from sealfs.cli.paths import user_path
 from sealfs.cli.secrets import (
     get_passphrase,
     passphrase_source,
@@ -88,12 +89,14 @@ def add_headless_options(p: argparse.ArgumentParser, *, kms_key_pin: bool = True
     )
     p.add_argument(
         "--pkcs11-module",
+        type=user_path,
         metavar="PATH",
         help=f"PKCS#11 library to load (default: {MODULE_ENV}, else the one the slot names"
         " if it and the directories above it are root's or yours, writable by no one else)",
     )
     p.add_argument(
         "--pkcs11-pin-file",
+        type=user_path,
         metavar="FILE",
         help=f"read the token PIN from this file (or {PIN_ENV}=FILE, or the"
         f" {PIN_CREDENTIAL} systemd credential)",
@@ -127,9 +130,15 @@ def add_init_key_options(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="KMS service URL (default: AWS_ENDPOINT_URL_KMS, AWS_ENDPOINT_URL, else AWS)",
     )
-    p.add_argument("--pkcs11-module", metavar="PATH", help="PKCS#11 library (for a pkcs11 slot)")
+    p.add_argument(
+        "--pkcs11-module",
+        type=user_path,
+        metavar="PATH",
+        help="PKCS#11 library (for a pkcs11 slot)",
+    )
     p.add_argument(
         "--pkcs11-pin-file",
+        type=user_path,
         metavar="FILE",
         help=f"read the token PIN from this file (or {PIN_ENV}=FILE)",
     )

@@ -20,7 +20,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize, reopen_log
 from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
-from sealfs.cli.paths import inside, state_dir
+from sealfs.cli.paths import inside, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
@@ -80,7 +80,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         " (after restoring it from a backup on purpose)",
     )
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
-    p.add_argument("--log-file", help="daemon log file (default ~/.local/state/sealfs/sealfs.log)")
+    p.add_argument(
+        "--log-file",
+        type=user_path,
+        help="daemon log file (default ~/.local/state/sealfs/sealfs.log)",
+    )
     p.set_defaults(run=run_mount)  # fmt: skip
 
     s = sub.add_parser("sync", help=COMMANDS["sync"].help)

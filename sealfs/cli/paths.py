@@ -17,6 +17,16 @@ def state_dir() -> Path:
     return xdg_base_dir("XDG_STATE_HOME", ".local", "state") / "sealfs"
 
 
+def user_path(text: str) -> str:
+    """An option's path with a leading ~ or ~user expanded, as the store's already is.
+
+    A shell expands neither --cache-dir=~/cache nor a systemd unit's ~: such a path
+    made a directory named ~ in the working directory, and a key file there was
+    reported missing under a name that looked right.
+    """
+    return os.path.expanduser(text)
+
+
 def inside(path: str, directory: str) -> bool:
     """Whether path is directory or lies under it (symlinks resolved)."""
     real, top = os.path.realpath(path), os.path.realpath(directory)

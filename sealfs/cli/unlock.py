@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from sealfs.cli.keysource import add_headless_options, unlock_header
+from sealfs.cli.paths import user_path
 from sealfs.cli.seen import Recorded, SeenVolume
 from sealfs.cli.units import parse_size, seconds
 from sealfs.keys.header import decode_header
@@ -34,10 +35,13 @@ def add_unlock_options(
 ) -> None:
     p.add_argument(
         "--passphrase-file",
+        type=user_path,
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE;"
         " default: ask on the terminal)",
     )
-    p.add_argument("--recovery-key-file", help="unlock with the recovery key in this file")
+    p.add_argument(
+        "--recovery-key-file", type=user_path, help="unlock with the recovery key in this file"
+    )
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
     add_s3_options(p, store_timeout=store_timeout, timeout_help=timeout_help)
 
@@ -68,6 +72,7 @@ def add_s3_options(
 def add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-dir",
+        type=user_path,
         help="keep a cache of sealed chunks here (default: off for local stores,"
         " ~/.cache/sealfs/<hash of the URL> for S3 stores)",
     )

@@ -224,3 +224,23 @@ def test_store_timeout_help_speaks_of_the_command_it_is_on() -> None:
             assert "default 300" in text and "fsync" in text, text
         else:
             assert "default 30)" in text and "fsync" not in text, (prog, text)
+
+
+def test_every_path_option_expands_a_leading_tilde(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the shell expands neither --cache-dir=~/cache nor a systemd unit's ~,
+    and sealfs took such paths as they were: a directory named ~ was made in the working
+    directory for the cache or the log, and a key file there was reported missing
+    under a name that looked right. The store's path was already expanded."""
+    monkeypatch.setenv("HOME", "/home/agent")
+    seen = []
+    for prog, parser in _all_parsers(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or not action.dest.endswith(("_file", "_dir", "_module")):
+                continue
+            seen.append(action.option_strings[0])
+            convert = action.type  # what argparse applies to the option's value
+            assert callable(convert), (prog, action.dest)
+            assert convert("~/x") == "/home/agent/x", (prog, action.dest)
+            assert convert("a/~/x") == "a/~/x", (prog, action.dest)
+    expected = {"--passphrase-file", "--recovery-key-file", "--cache-dir", "--log-file"}
+    assert expected | {"--new-recovery-key-file", "--pkcs11-pin-file"} <= set(seen), seen
