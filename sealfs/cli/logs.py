@@ -5,13 +5,24 @@ from __future__ import annotations
 import logging
 import sys
 
+from sealfs.cli.stdio import one_line
 
-def setup_logging(*, log_path: str | None, verbose: bool) -> None:
-    handler: logging.Handler = (
-        logging.FileHandler(log_path) if log_path else logging.StreamHandler(sys.stderr)
-    )
+
+class OneLineFormatter(logging.Formatter):
+    """Each event on one line, whatever its message holds: a store path or an error
+    text from the service with a newline in it split an entry in two, and what
+    followed the newline read as an entry of its own. A traceback (of a bug) keeps
+    its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+
+def setup_logging(*, verbose: bool) -> None:
+    """Log to stderr (the daemon's stderr is its log file)."""
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+        OneLineFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

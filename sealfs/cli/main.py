@@ -102,7 +102,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run(argv: list[str]) -> int:
     """Parse argv and run its command (errors are main's to report)."""
     args = parse(argv)
-    setup_logging(log_path=None, verbose=args.verbose)
+    setup_logging(verbose=args.verbose)
     forbid_core_dumps()  # before any command reads a secret
     code: int = args.run(args)
     # Here, not at exit: with stdout a pipe (buffered, unless PYTHONUNBUFFERED is set)

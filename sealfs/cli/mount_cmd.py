@@ -162,7 +162,7 @@ def _serve_daemon(
 ) -> int:
     # stderr is the log file now. --verbose holds for the daemon too: set back to INFO
     # here, `sealfs --verbose mount` logged debug detail only until the fork.
-    setup_logging(log_path=None, verbose=verbose)
+    setup_logging(verbose=verbose)
 
     def reopen() -> None:
         try:

@@ -81,7 +81,13 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
 _CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
+def one_line(text: str) -> str:
+    """text with its control characters escaped: a path holding a newline (a
+    mountpoint, a store) split an error or a log entry in two, and could forge the
+    line after it."""
+    return text.translate(_CONTROL)
+
+
 def error_line(message: str) -> None:
-    """Print "sealfs: message" on stderr as one line: a path holding a newline (a
-    mountpoint, a store) split the error in two, where every error is one line."""
-    print(f"sealfs: {message.translate(_CONTROL)}", file=sys.stderr)
+    """Print "sealfs: message" on stderr as one line (see one_line)."""
+    print(f"sealfs: {one_line(message)}", file=sys.stderr)
