@@ -184,7 +184,11 @@ def prompt_secret(prompt: str, what: str) -> bytes:
             fd, out = sys.stdin.fileno(), sys.stderr.fileno()
         old = termios.tcgetattr(fd)
         quiet = list(old)
-        quiet[3] &= ~termios.ECHO
+        # A line, as a terminal in its usual mode gives one, even from a terminal a
+        # program left raw: there Enter sent "\r" and no newline, and the prompt
+        # waited for good (Ctrl-C and Ctrl-D, raw too, could not end it).
+        quiet[0] |= termios.ICRNL
+        quiet[3] = (quiet[3] | termios.ICANON | termios.ISIG) & ~termios.ECHO
         # Echo off first, as getpass does: TCSAFLUSH drops what was typed before it.
         termios.tcsetattr(fd, termios.TCSAFLUSH, quiet)
         try:

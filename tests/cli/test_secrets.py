@@ -177,9 +177,11 @@ def test_whether_a_recovery_slot_is_stored(volume_store: ObjectStore) -> None:
     assert not recovery_slot_stored(MemoryStore(), RECOVERY_KEY)  # no volume at all
 
 
-def _typed_on_a_terminal(typed: bytes) -> str:
-    """What the passphrase prompt makes of typed, in a child on a terminal of its own."""
+def _typed_on_a_terminal(typed: bytes, *, raw: bool = False) -> str:
+    """What the passphrase prompt makes of typed, in a child on a terminal of its own
+    (raw: left in raw mode, as a program that crashed leaves it)."""
     probe = (
+        f"import tty; {'tty.setraw(0)' if raw else ''}\n"
         "from sealfs.cli.secrets import get_passphrase\n"
         "try:\n"
         "    print('GOT', get_passphrase(None, confirm=False))\n"
@@ -232,3 +234,10 @@ def test_end_of_input_at_a_prompt_is_no_secret() -> None:
     assert _typed_on_a_terminal(b"\x04") == (
         "ERROR ConfigError no passphrase: the input ended (Ctrl-D) before one was typed"
     )
+
+
+def test_a_terminal_left_raw_still_ends_the_line_at_enter() -> None:
+    """Regression: on a terminal a program had left raw, Enter sends a carriage return
+    and no newline, and the prompt waited for a newline for good; Ctrl-C and Ctrl-D
+    could not end it either."""
+    assert _typed_on_a_terminal(b"horse\r", raw=True) == f"GOT {b'horse'!r}"
