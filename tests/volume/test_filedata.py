@@ -536,6 +536,44 @@ async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
     assert await reads_after_remount(volume_store, f) == expect
 
 
+async def test_byte_per_block_writes_of_posix_fallocate_seal_as_one_region(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: glibc emulates posix_fallocate on the mount (fallocate gets
+    EOPNOTSUPP) with a zero byte written at the end of every 4 KiB block. Each byte
+    was a region of its own, sealed with two worker-thread hops and left as a 1-byte
+    extent: the fsync after a 256 MiB posix_fallocate took 26 s. Small holes between
+    two writes of one flush now join them: one region of zeros, a few chunks."""
+    size, mid = 8 * MiB, b"between"
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"prealloc")
+        fh = await v.open(f, RW)
+        await v.write(fh, 2 * MiB, mid)  # bytes of the file's own amid the zeros
+        for pos in range(4095, size, 4096):
+            await v.write(fh, pos, b"\0")
+        await v.fsync()
+        await v.release(fh)
+        assert len(extent_map(v, f)) <= 2 * size // MAX_CHUNK + 2
+        expect = bytearray(size)
+        expect[2 * MiB : 2 * MiB + len(mid)] = mid
+        assert await read_all(v, f) == expect
+    assert await reads_after_remount(volume_store, f) == expect
+
+
+async def test_writes_far_apart_leave_the_hole_between_them(volume_store: ObjectStore) -> None:
+    """Only holes of at most FRAGMENT join two writes: a sparse file keeps its large
+    holes as holes (st_blocks, du and cp --sparse see them)."""
+    async with session(volume_store, commit_interval=3600.0) as v:
+        f = await mkfile(v, ROOT_INO, b"sparse")
+        fh = await v.open(f, RW)
+        await v.write(fh, 0, b"head")
+        await v.write(fh, 4 + FRAGMENT + 1, b"tail")
+        await v.fsync()
+        await v.release(fh)
+        assert extent_map(v, f).mapped_bytes() == 8
+        assert await read_all(v, f) == b"head" + bytes(FRAGMENT + 1) + b"tail"
+
+
 @pytest.mark.parametrize("long_write", [False, True])
 async def test_a_write_from_inside_the_last_piece_past_the_end(
     volume_store: ObjectStore, long_write: bool
