@@ -177,7 +177,9 @@ def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
 
 
 def module_override(args: argparse.Namespace) -> str | None:
-    return getattr(args, "pkcs11_module", None) or os.environ.get(MODULE_ENV) or None
+    """--pkcs11-module, else SEALFS_PKCS11_MODULE (a leading ~ expanded, as the option's)."""
+    module = getattr(args, "pkcs11_module", None) or os.environ.get(MODULE_ENV)
+    return user_path(module) if module else None
 
 
 def kms_clients(args: argparse.Namespace) -> KmsClients:

@@ -15,6 +15,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from sealfs.cli.paths import user_path
 from sealfs.errors import ConfigError, SealfsError
 
 log = logging.getLogger(__name__)
@@ -98,11 +99,15 @@ def read_secret_file(path: str | Path, what: str) -> bytes:
 
 def secret_source(explicit: str | None, env: str, credential: str) -> str | None:
     """The file to read a secret from, by precedence: the option, the variable naming a
-    file, systemd's credential; None for a prompt."""
+    file, systemd's credential; None for a prompt.
+
+    The variable's path expands a leading ~ as the option's does (user_path): set by a
+    systemd unit's Environment= or a quoted export, SEALFS_PASSPHRASE_FILE=~/pass was
+    "cannot read passphrase file ~/pass", where --passphrase-file=~/pass worked."""
     if explicit:
         return explicit
     if os.environ.get(env):
-        return os.environ[env]
+        return user_path(os.environ[env])
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
     # Present, not is_file(): a credential that is a directory or a FIFO is refused by
     # name when read, where it was taken for no credential ("no passphrase") before.

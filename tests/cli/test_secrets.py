@@ -3,6 +3,7 @@ recovery key's file outlives a failed change unless its slot surely was not stor
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import pty
@@ -14,14 +15,17 @@ from pathlib import Path
 import pytest
 
 from sealfs.cli.init_cmd import recovery_slot_stored
+from sealfs.cli.keysource import MODULE_ENV, PIN_ENV, get_pin, module_override
 from sealfs.cli.secrets import (
     MAX_SECRET_FILE_BYTES,
+    NEW_PASSPHRASE_ENV,
     PASSPHRASE_ENV,
     get_passphrase,
     read_secret_file,
     secret_file_for_new_slot,
 )
 from sealfs.errors import ConfigError, SealfsError, StoreError, TransientStoreError
+from sealfs.keys.hsm import Pin
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from tests.conftest import RECOVERY_KEY
@@ -125,6 +129,30 @@ def test_a_missing_credential_names_the_credential_sealfs_reads(
     with pytest.raises(ConfigError, match=f"{tmp_path} holds no sealfs-passphrase") as info:
         get_passphrase(None, confirm=False)
     assert "LoadCredential=sealfs-passphrase:FILE" in str(info.value)
+
+
+def test_a_file_a_variable_names_expands_a_leading_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: --passphrase-file=~/pass was expanded, SEALFS_PASSPHRASE_FILE=~/pass
+    (a systemd unit's Environment=, a quoted export) was not: "cannot read passphrase
+    file ~/pass: No such file or directory", under a name that looked right. Each
+    variable that names a file is the option's alternative and reads the same file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    (tmp_path / "pass").write_text("correct horse battery staple\n")
+    (tmp_path / "pin").write_text("1234\n")
+    for name in ("pass", "pin"):
+        (tmp_path / name).chmod(0o600)
+    monkeypatch.setenv(PASSPHRASE_ENV, "~/pass")
+    monkeypatch.setenv(NEW_PASSPHRASE_ENV, "~/pass")
+    monkeypatch.setenv(PIN_ENV, "~/pin")
+    monkeypatch.setenv(MODULE_ENV, "~/lib/libtoken.so")
+    assert get_passphrase(None, confirm=False) == b"correct horse battery staple"
+    assert get_passphrase(None, confirm=False, new=True) == b"correct horse battery staple"
+    args = argparse.Namespace(pkcs11_pin_file=None, pkcs11_module=None)
+    assert get_pin(args) == Pin(b"1234")
+    assert module_override(args) == str(tmp_path / "lib" / "libtoken.so")
 
 
 def _unknown() -> bool:
