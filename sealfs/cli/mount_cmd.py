@@ -53,7 +53,7 @@ log = logging.getLogger("sealfs.cli")
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("mount", help=COMMANDS["mount"].help)
     p.add_argument("store", help="the volume's store (directory, file:// or s3:// URL)")
-    p.add_argument("mountpoint", help="an empty directory outside the store")
+    p.add_argument("mountpoint", type=user_path, help="an empty directory outside the store")
     # A longer default than a command's: the mount's fsyncs ride out an outage.
     add_unlock_options(p, store_timeout=DEFAULT_STORE_TIMEOUT, timeout_help=MOUNT_TIMEOUT_HELP)
     add_cache_options(p)
@@ -88,11 +88,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(run=run_mount)  # fmt: skip
 
     s = sub.add_parser("sync", help=COMMANDS["sync"].help)
-    s.add_argument("mountpoint")
+    s.add_argument("mountpoint", type=user_path)
     s.set_defaults(run=run_sync)
 
     u = sub.add_parser("umount", help=COMMANDS["umount"].help)
-    u.add_argument("mountpoint")
+    u.add_argument("mountpoint", type=user_path)
     u.add_argument(
         "--timeout",
         type=float,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
+from sealfs.cli.paths import user_path
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
@@ -25,7 +26,11 @@ from sealfs.volume.status import volume_status
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help=COMMANDS["status"].help)
-    p.add_argument("target", help="a mountpoint of a live mount, or a store (asks to unlock)")
+    p.add_argument(
+        "target",
+        type=user_path,
+        help="a mountpoint of a live mount, or a store (asks to unlock)",
+    )
     add_unlock_options(p)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=run)

@@ -12,7 +12,7 @@ import pytest
 from sealfs.cli import main as main_module
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.exitcodes import BUG, BUSY, DAMAGED, FAILURE, INTERRUPTED, USAGE, WRONG_KEY
-from sealfs.cli.main import DEBUG_ENV, build_parser, command_in, main
+from sealfs.cli.main import DEBUG_ENV, build_parser, command_in, main, parse
 from sealfs.errors import ConfigError, WrongKeyError
 from tests.mounts import sealfs
 
@@ -244,3 +244,22 @@ def test_every_path_option_expands_a_leading_tilde(monkeypatch: pytest.MonkeyPat
             assert convert("a/~/x") == "a/~/x", (prog, action.dest)
     expected = {"--passphrase-file", "--recovery-key-file", "--cache-dir", "--log-file"}
     assert expected | {"--new-recovery-key-file", "--pkcs11-pin-file"} <= set(seen), seen
+
+
+def test_every_mountpoint_argument_expands_a_leading_tilde(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: the store's path expanded a leading ~ and, since, every path option
+    did, but not the mountpoint: in a systemd unit (which expands no ~) `sealfs mount
+    ~/store ~/mnt` opened $HOME/store and mounted it on /~/mnt, and `sealfs status
+    '~/mnt'` took a live mount for a store."""
+    monkeypatch.setenv("HOME", "/home/agent")
+    for argv in (
+        ["mount", "~/store", "~/mnt"],
+        ["sync", "~/mnt"],
+        ["umount", "~/mnt"],
+        ["status", "~/mnt"],
+    ):
+        args = parse(argv)
+        where = args.target if argv[0] == "status" else args.mountpoint
+        assert where == "/home/agent/mnt", (argv, where)
