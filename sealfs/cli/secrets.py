@@ -194,9 +194,11 @@ def prompt_secret(prompt: str, what: str) -> bytes:
         # waited for good (Ctrl-C and Ctrl-D, raw too, could not end it).
         quiet[0] |= termios.ICRNL
         quiet[3] = (quiet[3] | termios.ICANON | termios.ISIG) & ~termios.ECHO
-        # Echo off first, as getpass does: TCSAFLUSH drops what was typed before it.
-        termios.tcsetattr(fd, termios.TCSAFLUSH, quiet)
         try:
+            # Echo off first, as getpass does: TCSAFLUSH drops what was typed before it.
+            # Inside the try: a Ctrl-C whose KeyboardInterrupt comes as this returns (it
+            # first waits for pending output to drain) left the terminal without echo.
+            termios.tcsetattr(fd, termios.TCSAFLUSH, quiet)
             sys.stderr.flush()
             os.write(out, prompt.encode(errors="replace"))
             line = b""

@@ -269,3 +269,57 @@ def test_a_terminal_left_raw_still_ends_the_line_at_enter() -> None:
     and no newline, and the prompt waited for a newline for good; Ctrl-C and Ctrl-D
     could not end it either."""
     assert _typed_on_a_terminal(b"horse\r", raw=True) == f"GOT {b'horse'!r}"
+
+
+SIGNAL_AS_ECHO_GOES_OFF = """
+import termios
+from sealfs.cli import secrets
+from sealfs.cli.secrets import get_passphrase
+
+before = termios.tcgetattr(0)
+real = termios.tcsetattr
+calls = []
+
+
+def interrupted(fd, when, attributes):
+    # Ctrl-C landing as the switch to quiet mode returns: Python raises
+    # KeyboardInterrupt once the call is done, the new mode already set.
+    real(fd, when, attributes)
+    calls.append(attributes)
+    if len(calls) == 1:
+        raise KeyboardInterrupt
+
+
+secrets.termios.tcsetattr = interrupted
+try:
+    get_passphrase(None, confirm=False)
+except KeyboardInterrupt:
+    pass
+print("RESTORED" if termios.tcgetattr(0) == before else "LEFT QUIET", flush=True)
+"""
+
+
+def test_an_interrupt_as_echo_goes_off_still_restores_the_terminal() -> None:
+    """Regression: the prompt switched echo off before its try block, so a Ctrl-C whose
+    KeyboardInterrupt came as that switch returned (ISIG is now on even on a terminal
+    left raw; TCSAFLUSH first waits for pending output) skipped the restore: the shell
+    was left with echo off."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal is its controlling one, and its stdio
+        os.execv(sys.executable, [sys.executable, "-c", SIGNAL_AS_ECHO_GOES_OFF])
+    out = b""
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], 30)
+            assert ready, f"the child did not end: {out!r}"
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    assert b"RESTORED" in out, out
