@@ -71,6 +71,7 @@ class FaultProxy:
         self.strip_if_none_match = False
         self.injected: collections.Counter[str] = collections.Counter()
         self.seen: collections.Counter[str] = collections.Counter()
+        self.continues = 0  # "100 Continue" answers: requests that waited a round trip more
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -164,6 +165,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet."""
+
+    def handle_expect_100(self) -> bool:
+        """Answer "Expect: 100-continue" as S3 does, counting it (a round trip more)."""
+        with self.server.proxy._lock:
+            self.server.proxy.continues += 1
+        return super().handle_expect_100()
 
     def do_GET(self) -> None:
         self._handle()

@@ -81,6 +81,22 @@ def test_requests_are_counted_per_method(moto: str, bucket: str) -> None:
     assert request_counts(RetryingStore(store)) == expected
 
 
+def test_a_put_sends_its_body_without_waiting_for_100_continue(
+    bucket: str, proxy: FaultProxy
+) -> None:
+    """Every PUT is one round trip: botocore's "Expect: 100-continue" made each wait
+    for the server's interim answer first, doubling a commit's latency on a real
+    link (a chunk put, then the segment create: four round trips instead of two)."""
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    store.put("c/ab/1", os.urandom(1 << 20))
+    store.put_if_absent("l/0000000000000001", b"segment")
+    with pytest.raises(ObjectExistsError):  # a refused create still gets its definite answer
+        store.put_if_absent("l/0000000000000001", b"other")
+    assert proxy.seen["PUT"] == 3
+    assert proxy.continues == 0
+    assert store.get("l/0000000000000001") == b"segment"
+
+
 def test_missing_bucket_is_a_store_error_with_a_fix(moto: str) -> None:
     store = S3Store("no-such-bucket-here", "p", endpoint_url=moto)
     with pytest.raises(StoreError, match=r"does not exist.*create it first") as info:
