@@ -363,8 +363,9 @@ class Committer:
                     nursery.start_soon(one, job)
                 else:
                     smalls.append((job, *piece))
-            for k in range(0, len(smalls), SMALL_BATCH):
-                nursery.start_soon(small, smalls[k : k + SMALL_BATCH])
+            size = small_batch_size(len(smalls), int(self._limiter.total_tokens))
+            for k in range(0, len(smalls), size):
+                nursery.start_soon(small, smalls[k : k + size])
         if failure:
             raise failure[0]
 
@@ -495,6 +496,19 @@ class Committer:
         """A rekey re-sealed s/<generation>: compaction must start from the new bytes."""
         if self._base is not None and self._base[0] == generation:
             self._base = (generation, sealed)
+
+
+def small_batch_size(count: int, workers: int) -> int:
+    """Small files per worker-thread call when a commit seals count of them.
+
+    A worker seals and uploads its batch one file after another, so a batch
+    costs a store round trip per file. 300 small files made two batches, one
+    worker sent 256 PUTs in a row while six others stood idle, and the fsync
+    waited 15.6 s behind 25 ms of latency each way. Spread over every worker
+    (at most SMALL_BATCH each, still one thread hop per batch on a local store)
+    the same commit sends eight PUTs at a time.
+    """
+    return max(1, min(SMALL_BATCH, -(-count // max(1, workers))))
 
 
 def _drop_old_snapshots(store: ObjectStore) -> None:

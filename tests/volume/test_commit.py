@@ -8,6 +8,7 @@ import gc
 import logging
 import math
 import os
+import threading
 import tracemalloc
 from typing import Any
 
@@ -22,6 +23,7 @@ from sealfs.meta import codec
 from sealfs.meta import compact as compaction
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, segment_name
 from sealfs.meta.model import ROOT_INO
+from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume import committer
@@ -202,6 +204,56 @@ async def test_a_commit_syncs_chunks_before_its_segment_and_the_segment_before_f
         assert store.unsynced == set()
     assert store.unsynced == set()  # the unmount's commit too
     assert store.early_segments == []  # no segment may outlive a chunk it refers to
+
+
+class OverlapStore:
+    """Wraps a store; the first chunk put waits (up to 5 s) for a second one to start,
+    and records whether one did: whether a commit sends its chunks side by side."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._puts = 0
+        self._second = threading.Event()
+        self.overlapped: bool | None = None
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/"):
+            with self._lock:
+                self._puts += 1
+                n = self._puts
+            if n == 1:
+                self.overlapped = self._second.wait(5)
+            elif n == 2:
+                self._second.set()
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_commit_of_a_few_small_files_uploads_them_in_parallel(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: small files are sealed and uploaded in batches, one file after
+    another per worker thread; with 256 per batch, a commit of 300 files sent 256 PUTs
+    in a row from one thread while the others stood idle (an fsync took 15.6 s behind
+    25 ms of latency each way, 3.0 s once spread over the workers)."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = OverlapStore(memory_store)
+    async with session(store, **QUIET) as v:  # type: ignore[arg-type]
+        for k in range(64):
+            await mkfile(v, ROOT_INO, b"f%d" % k, b"small file %d " % k * 40)
+        await v.fsync()
+        assert store.overlapped is True
+
+
+def test_small_batches_spread_over_the_workers_within_the_cap() -> None:
+    """Each worker gets a share, no batch is empty, none exceeds SMALL_BATCH."""
+    assert committer.small_batch_size(300, 8) == 38
+    assert committer.small_batch_size(3, 8) == 1
+    assert committer.small_batch_size(100_000, 8) == committer.SMALL_BATCH
+    assert committer.small_batch_size(5, 0) == 5
 
 
 async def test_background_loop_commits_within_the_interval(volume_store: MemoryStore) -> None:
