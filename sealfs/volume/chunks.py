@@ -35,6 +35,9 @@ log = logging.getLogger("sealfs.volume")
 
 CHUNK_PREFIX = "c/"
 CHUNK_ID_SIZE = 32
+# Workers that prefetches never take, so that commits and demand reads find one at once
+# (the engine adds them to io_threads: readahead keeps io_threads fetches in flight).
+RESERVED_WORKERS = 2
 # A sealed chunk holds at most MAX_CHUNK payload bytes (zstd only where it saves),
 # so a larger object under a chunk's name is refused before it is read into memory.
 MAX_SEALED_CHUNK = MAX_CHUNK + ENVELOPE_OVERHEAD
@@ -113,6 +116,11 @@ class Chunks:
         self._limiter = limiter
         self.cache = PlainCache(cache_bytes)
         self._inflight: dict[bytes, trio.Event] = {}
+        # Prefetches leave RESERVED_WORKERS of the workers to other work (see prefetch),
+        # and the chunks waiting for one of their slots count as on their way.
+        slots = max(1, int(limiter.total_tokens) - RESERVED_WORKERS)
+        self._prefetch_slots = trio.CapacityLimiter(slots)
+        self._prefetch_queued: set[bytes] = set()
         # Chunks a read found missing or damaged in the store: new data with the same
         # content is uploaded again instead of deduplicated against them, so that
         # writing a damaged file's bytes again (from a good source) repairs it.
@@ -215,16 +223,32 @@ class Chunks:
     def wanted(self, chunk_id: bytes) -> bool:
         """Whether a prefetch of the chunk would do anything (it is neither cached nor
         being fetched). Looking does not count as a use for the LRU."""
-        return chunk_id not in self.cache and chunk_id not in self._inflight
+        return (
+            chunk_id not in self.cache
+            and chunk_id not in self._inflight
+            and chunk_id not in self._prefetch_queued
+        )
 
     async def prefetch(self, chunk_id: bytes) -> None:
-        """Warm the cache for a likely next read; failures surface on the real read."""
+        """Warm the cache for a likely next read; failures surface on the real read.
+
+        Prefetches never take the last RESERVED_WORKERS workers: on a slow store a
+        sequential reader's readahead (12 MiB, a dozen chunks) took every worker and
+        queued ahead of everything else, and an unrelated fsync waited behind
+        seconds of downloads for each of its steps.
+        """
         if not self.wanted(chunk_id):
             return
+        self._prefetch_queued.add(chunk_id)
         try:
-            await self.read(chunk_id)
+            async with self._prefetch_slots:
+                self._prefetch_queued.discard(chunk_id)
+                if self.wanted(chunk_id):
+                    await self.read(chunk_id)
         except Exception as exc:
             log.debug("prefetch of %s failed: %s", chunk_name(chunk_id), exc)
+        finally:
+            self._prefetch_queued.discard(chunk_id)
 
 
 class AnyOf:

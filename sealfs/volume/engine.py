@@ -40,7 +40,7 @@ from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
 from sealfs.volume.buffers import BlockPool
-from sealfs.volume.chunks import Chunks
+from sealfs.volume.chunks import RESERVED_WORKERS, Chunks
 from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
 from sealfs.volume.leftovers import clear_crash_leftovers
@@ -102,7 +102,7 @@ class Volume:
         self.options = options
         self.meta: MetaState = loaded.live
         self.store = loaded.store
-        self._limiter = trio.CapacityLimiter(options.io_threads)
+        self._limiter = trio.CapacityLimiter(options.io_threads + RESERVED_WORKERS)
         self.chunks = Chunks(
             loaded.store, loaded.volume_id, loaded.keys, self._limiter, options.chunk_cache_bytes
         )

@@ -9,7 +9,7 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume.chunks import ENTRY_OVERHEAD, MAX_SEALED_CHUNK, PlainCache
+from sealfs.volume.chunks import ENTRY_OVERHEAD, MAX_SEALED_CHUNK, RESERVED_WORKERS, PlainCache
 from sealfs.volume.committer import small_batch_size
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
@@ -115,7 +115,7 @@ async def test_many_small_files_in_one_commit_are_sealed_in_batches(
         uploads = volume_store.counts["put"] - puts_before
     # Within a batch identical files upload once; concurrent batches of one commit
     # may each upload it once more (an idempotent put), never more than that.
-    workers = VolumeOptions().io_threads
+    workers = VolumeOptions().io_threads + RESERVED_WORKERS
     unique, batches = len(set(contents.values())), math.ceil(600 / small_batch_size(600, workers))
     assert unique <= uploads <= unique + batches - 1
     async with mounted(volume_store) as volume:
