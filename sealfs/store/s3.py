@@ -31,6 +31,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -91,6 +92,82 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     socket.timeout,
 )
+
+# Transport failures that are a timeout: the service, or the link to it, too slow.
+_TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (
+    bex.ReadTimeoutError,
+    bex.ConnectTimeoutError,
+    urllib3.exceptions.TimeoutError,
+    TimeoutError,  # socket.timeout
+)
+
+
+class _TimedOut(TransientStoreError):
+    """A request that ran out of time (transient, like any transport failure)."""
+
+
+class _Uploads:
+    """How many PUT bodies may be on their way at once, and how long a PUT's answer may
+    take, both adapted as TCP adapts its window and its retransmission timeout.
+
+    A PUT's read timeout runs from the moment its body left this process, into
+    socket buffers. Over a narrow link the bodies sent side by side drain
+    together, each took longer than the timeout, and every retry sent them side
+    by side again: six 256 KiB puts behind 512 KB/s (3 s of transfer, 1.5 s
+    timeout) took 49 s and 94 requests; a commit of 8 MiB at 100 KB/s, each put
+    cut after 60 s, never finished. So a timeout halves the window, and a
+    window's worth of puts that succeed widens it by one. A put waits for room
+    only while puts succeed: once none has for `patience` (a request's timeout)
+    it goes anyway, so against a dead service, which times every put out, puts
+    do not queue behind each other's timeouts past the store timeout.
+
+    A timed-out body is not taken back either: the kernel still sends what it
+    had buffered, and the next puts queue behind it. So a timeout also doubles
+    the timeout of the next puts (`level`, up to half the store timeout, so
+    that a dead service is still given up on about when it was), and a put
+    answered within half the base timeout halves it again.
+    """
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self.size = most
+        self.level = 0  # the base timeout doubled this many times
+        self._active = 0
+        self._successes = 0
+        self._progress = time.monotonic()  # when a put last succeeded
+        self._cond = threading.Condition()
+
+    def enter(self, patience: float) -> None:
+        arrived = time.monotonic()
+        with self._cond:
+            while self._active >= self.size:
+                left = patience - (time.monotonic() - max(self._progress, arrived))
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._active += 1
+
+    def leave(self, timed_out: bool, quick: bool, level: int, top_level: int) -> None:
+        """A put sent with the timeout of `level` ended. Puts that time out together
+        raise the level once, not once each (as TCP backs off once per loss)."""
+        with self._cond:
+            self._active -= 1
+            if timed_out:
+                self.size = max(1, self.size // 2)
+                self._successes = 0
+                if level == self.level:
+                    self.level = min(top_level, self.level + 1)
+            else:
+                self._progress = time.monotonic()
+                if quick:
+                    self.level = max(0, self.level - 1)
+            if not timed_out and self.size < self._most:
+                self._successes += 1
+                if self._successes >= self.size:
+                    self.size += 1
+                    self._successes = 0
+            self._cond.notify_all()
+
 
 # Every live S3Store, so that a fork can give each a fresh lock in the child.
 _instances: weakref.WeakSet[S3Store] = weakref.WeakSet()
@@ -215,7 +292,10 @@ class S3Store:
         max_pool: int = 16,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        max_read_timeout: float | None = None,
     ) -> None:
+        """max_read_timeout: how far slow PUTs may stretch read_timeout (see _Uploads);
+        by default twice it."""
         if max_pool < 1:
             raise ConfigError("the S3 connection pool needs at least one connection")
         self.bucket = validate_bucket(bucket)
@@ -232,12 +312,18 @@ class S3Store:
         self.max_pool = max_pool
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        longest = max(read_timeout, max_read_timeout or 2 * read_timeout)
+        self._top_level = 0  # doublings of read_timeout that stay within longest
+        while read_timeout * 2 ** (self._top_level + 1) <= longest:
+            self._top_level += 1
         self.requests: collections.Counter[str] = collections.Counter()
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
         self._lock = threading.Lock()
         self._client: Any = None
+        self._patient: dict[int, Any] = {}  # clients with read_timeout * 2**level, by level
         self._pid = 0
         self._stale_clients: list[Any] = []  # a parent's clients: never closed here (see above)
+        self._uploads = _Uploads(max_pool)
         _instances.add(self)
 
     # -- clients, per process ---------------------------------------------------------
@@ -245,25 +331,33 @@ class S3Store:
     def _reset_after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may be held by a thread now gone)."""
         self._lock = threading.Lock()
+        self._uploads = _Uploads(self.max_pool)  # its lock may be held by a gone thread
         if self._client is not None:
             self._stale_clients.append(self._client)
             self._client = None
+        self._stale_clients += self._patient.values()
+        self._patient = {}
 
-    def _get_client(self) -> Any:
+    def _get_client(self, level: int = 0) -> Any:
         pid = os.getpid()
-        client = self._client
+        client = self._client if level == 0 else self._patient.get(level)
         if client is not None and self._pid == pid:
             return client
         with self._lock:
             if self._client is not None and self._pid != pid:
                 self._stale_clients.append(self._client)
-                self._client = None
+                self._stale_clients += self._patient.values()
+                self._client, self._patient = None, {}
             if self._client is None:
                 self._client = self._make_client()
                 self._pid = pid
-            return self._client
+            if level == 0:
+                return self._client
+            if level not in self._patient:
+                self._patient[level] = self._make_client(self._read_timeout * 2**level)
+            return self._patient[level]
 
-    def _make_client(self) -> Any:
+    def _make_client(self, read_timeout: float | None = None) -> Any:
         with _SESSIONS.lock:
             key = (os.getpid(), self.profile, self._region())
             session = _SESSIONS.by_key.get(key)
@@ -275,9 +369,9 @@ class S3Store:
                         "AWS profile not found: check AWS_PROFILE and ~/.aws/config"
                     ) from None
                 _SESSIONS.by_key[key] = session
-            return self._client_from(session)
+            return self._client_from(session, read_timeout or self._read_timeout)
 
-    def _client_from(self, session: Any) -> Any:
+    def _client_from(self, session: Any, read_timeout: float) -> Any:
         s3_config: dict[str, str] = {}
         style = self._addressing_style(session)
         if style:
@@ -285,7 +379,7 @@ class S3Store:
         config = Config(
             retries={"mode": "standard", "total_max_attempts": 1},  # RetryingStore retries
             connect_timeout=self._connect_timeout,
-            read_timeout=self._read_timeout,
+            read_timeout=read_timeout,
             max_pool_connections=self.max_pool,
             tcp_keepalive=True,
             user_agent_extra="sealfs",
@@ -345,9 +439,10 @@ class S3Store:
         name: str,
         call: Callable[[Any], T],
         on_client_error: Callable[[str, int], StoreError | None] | None = None,
+        level: int = 0,
     ) -> T:
         """Send one request; map every failure to a store error."""
-        client = self._get_client()
+        client = self._get_client(level)
         self._count(method)
         try:
             return call(client)
@@ -377,11 +472,32 @@ class S3Store:
                 ) from None
             raise TransientStoreError(f"{self._what(method, name)}: {exc}") from None
         except _TRANSPORT_ERRORS as exc:
-            raise TransientStoreError(
-                f"{self._what(method, name)}: {type(exc).__name__}: {exc}"
-            ) from None
+            kind = _TimedOut if isinstance(exc, _TIMEOUT_ERRORS) else TransientStoreError
+            raise kind(f"{self._what(method, name)}: {type(exc).__name__}: {exc}") from None
         except bex.BotoCoreError as exc:
             raise StoreError(f"{self._what(method, name)}: {exc}") from None
+
+    def _upload(
+        self,
+        method: str,
+        name: str,
+        call: Callable[[Any], T],
+        on_client_error: Callable[[str, int], StoreError | None] | None = None,
+    ) -> T:
+        """_call for a request with a body, within the upload window (see _Uploads)."""
+        uploads = self._uploads
+        level = uploads.level
+        uploads.enter(self._read_timeout * 2**level)
+        start = time.monotonic()
+        timed_out = False
+        try:
+            return self._call(method, name, call, on_client_error, level)
+        except _TimedOut:
+            timed_out = True
+            raise
+        finally:
+            quick = time.monotonic() - start < self._read_timeout / 2
+            uploads.leave(timed_out, quick, level, self._top_level)
 
     def _what(self, method: str, name: str) -> str:
         return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"
@@ -463,7 +579,7 @@ class S3Store:
     def put(self, name: str, data: bytes) -> None:
         """Create or replace the object (a single PutObject is atomic)."""
         key, body = self._key(name), bytes(data)
-        self._call("put", name, lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body))
+        self._upload("put", name, lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """PutObject with If-None-Match: *. Raises ObjectExistsError (412).
@@ -478,7 +594,7 @@ class S3Store:
                 return ObjectExistsError(f"object {name} already exists in {self.describe()}")
             return None
 
-        self._call(
+        self._upload(
             "put_if_absent",
             name,
             lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"),
@@ -495,7 +611,7 @@ class S3Store:
                 return PreconditionFailedError(f"object {name} changed since etag {etag[:14]}")
             return None
 
-        self._call(
+        self._upload(
             "put_if_match",
             name,
             lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body, IfMatch=etag),
@@ -572,11 +688,13 @@ class S3Store:
         """Close this process's connection pool (a parent's is left alone)."""
         with self._lock:
             client, self._client = self._client, None
-            if client is not None and self._pid != os.getpid():
-                self._stale_clients.append(client)
+            patient, self._patient = list(self._patient.values()), {}
+            if self._pid != os.getpid():
+                self._stale_clients += [c for c in [client, *patient] if c is not None]
                 return
-        if client is not None:
-            client.close()
+        for c in [client, *patient]:
+            if c is not None:
+                c.close()
 
 
 def _is_object_name(name: str) -> bool:

@@ -242,6 +242,9 @@ def open_store(
                 endpoint_url=endpoint,
                 connect_timeout=min(CONNECT_TIMEOUT, store_timeout),
                 read_timeout=min(READ_TIMEOUT, store_timeout),
+                # Slow PUTs stretch it up to half the wait: a dead service still
+                # fails an fsync about store_timeout after it stopped answering.
+                max_read_timeout=store_timeout / 2,
             ),
             attempts=S3_RETRY_ATTEMPTS,
             max_delay=S3_MAX_BACKOFF,

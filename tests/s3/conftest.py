@@ -1,4 +1,5 @@
-"""S3 fixtures: the run's moto server, a bucket per test, a fault proxy, S3 volumes.
+"""S3 fixtures: the run's moto server, a bucket per test, a fault proxy, a narrow link,
+S3 volumes.
 
 Everything talks HTTP to 127.0.0.1 only: moto binds 127.0.0.1 (never
 0.0.0.0), the proxy too, and the environment holds fake credentials, no
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.mounts import CHEAP_KDF, VolumeEnv, daemon_pids, sealfs
+from tests.s3.link import NarrowLink
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import moto_endpoint, new_bucket
 
@@ -38,6 +40,14 @@ def proxy(moto: str) -> Iterator[FaultProxy]:
     p = FaultProxy(moto, seed=1234).start()
     yield p
     p.stop()
+
+
+@pytest.fixture
+def narrow_link(moto: str) -> Iterator[NarrowLink]:
+    """A link to moto whose uploads share 512 KiB/s (answers come at full speed)."""
+    link = NarrowLink(moto, 512 << 10).start()
+    yield link
+    link.stop()
 
 
 @dataclass
