@@ -7,12 +7,16 @@ fixture, so that unlocking costs milliseconds in tests and never anywhere else.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import inspect
 import logging
 import os
+import shutil
+import struct
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from sealfs.volume.engine import Volume
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from sealfs.volume.options import VolumeOptions
 from tests.mounts import VolumeEnv, force_unmount, mounted_sealfs
+from tests.prereq import require
 
 PASSPHRASE = b"correct horse battery staple"
 RECOVERY_KEY = bytes(range(32))
@@ -131,3 +136,91 @@ def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     for mnt in left:
         force_unmount(mnt)
     assert not left, f"mounts left behind: {left}"
+
+
+# ioctl(FS_IOC_SHUTDOWN / EXT4_IOC_SHUTDOWN) with EXT4_GOING_FLAGS_NOLOGFLUSH: the file
+# system stops writing at once, neither writing back dirty pages nor committing its
+# journal, as if the power had failed (xfstests' "godown").
+_FS_IOC_SHUTDOWN = 0x8004587D
+_GOING_NOLOGFLUSH = 2
+
+
+class CrashableDisk:
+    """A small ext4 file system on a loop device whose power can be cut (root only).
+
+    The loop device stays attached across cuts, so the file system comes back with the
+    same device number, as a disk that lost power and came back under the same name
+    does: a process that looks at the store's directory sees the same directory.
+    """
+
+    def __init__(self, image: Path, path: Path, device: str) -> None:
+        self.image = image
+        self.path = path
+        self.device = device
+
+    def mount(self) -> None:
+        # A long journal commit interval: nothing becomes durable unless flushed.
+        _run("mount", "-t", "ext4", "-o", "commit=600", self.device, str(self.path))
+
+    def cut(self) -> None:
+        """Lose everything not flushed: every later call on the file system fails (EIO)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, _FS_IOC_SHUTDOWN, struct.pack("I", _GOING_NOLOGFLUSH))
+        finally:
+            os.close(fd)
+
+    def remount(self) -> None:
+        """Unmount the file system and mount it again (replaying its journal)."""
+        _run("umount", str(self.path))
+        self.mount()
+
+    def cut_power(self) -> None:
+        """Lose everything not flushed, then unmount and mount again (replaying the journal)."""
+        self.cut()
+        self.remount()
+
+
+def _run(*command: str) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+@contextmanager
+def crashable_ext4(tmp_path: Path, size: int = 64 << 20) -> Iterator[CrashableDisk]:
+    """An empty ext4 file system of size bytes mounted at tmp_path / "disk"; unmounted
+    and its loop device detached afterwards, whatever the test left."""
+    require(os.geteuid() == 0, "a loop-mounted ext4 needs root")
+    require(shutil.which("mkfs.ext4") is not None, "mkfs.ext4 (e2fsprogs) is needed")
+    image, path = tmp_path / "ext4.img", tmp_path / "disk"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size)
+    _run("mkfs.ext4", "-q", "-F", str(image))
+    path.mkdir()
+    try:
+        device = _run("losetup", "--find", "--show", str(image)).strip()
+    except RuntimeError as exc:
+        require(False, f"cannot attach a loop device here: {exc}")
+        raise
+    try:
+        disk = CrashableDisk(image, path, device)
+        try:
+            disk.mount()
+        except RuntimeError as exc:
+            require(False, f"cannot mount an ext4 loop device here: {exc}")
+        try:
+            yield disk
+        finally:
+            subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+
+
+@pytest.fixture
+def crashable_disk(tmp_path: Path) -> Iterator[CrashableDisk]:
+    """An empty ext4 file system mounted at tmp_path / "disk" that a test can crash."""
+    with crashable_ext4(tmp_path) as disk:
+        yield disk

@@ -7,11 +7,8 @@ a moto server on 127.0.0.1 (tests/s3/server.py) and carry the s3 mark.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import random
-import shutil
-import struct
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,62 +126,6 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs directory: writes past 1 MiB fail with ENOSPC."""
     with mounted_tmpfs(tmp_path / "tiny", "1m") as path:
         yield path
-
-
-# ioctl(FS_IOC_SHUTDOWN / EXT4_IOC_SHUTDOWN) with EXT4_GOING_FLAGS_NOLOGFLUSH: the file
-# system stops writing at once, neither writing back dirty pages nor committing its
-# journal, as if the power had failed (xfstests' "godown").
-_FS_IOC_SHUTDOWN = 0x8004587D
-_GOING_NOLOGFLUSH = 2
-
-
-class CrashableDisk:
-    """A small ext4 file system on a loop device whose power can be cut (root only)."""
-
-    def __init__(self, image: Path, path: Path) -> None:
-        self.image = image
-        self.path = path
-
-    def mount(self) -> None:
-        # A long journal commit interval: nothing becomes durable unless flushed.
-        _run("mount", "-o", "loop,commit=600", str(self.image), str(self.path))
-
-    def cut_power(self) -> None:
-        """Lose everything not flushed, then unmount and mount again (replaying the journal)."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.ioctl(fd, _FS_IOC_SHUTDOWN, struct.pack("I", _GOING_NOLOGFLUSH))
-        finally:
-            os.close(fd)
-        _run("umount", str(self.path))
-        self.mount()
-
-
-def _run(*command: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
-
-
-@pytest.fixture
-def crashable_disk(tmp_path: Path) -> Iterator[CrashableDisk]:
-    """An empty ext4 file system mounted at tmp_path / "disk" that a test can crash."""
-    require(os.geteuid() == 0, "a loop-mounted ext4 needs root")
-    require(shutil.which("mkfs.ext4") is not None, "mkfs.ext4 (e2fsprogs) is needed")
-    image, path = tmp_path / "ext4.img", tmp_path / "disk"
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    _run("mkfs.ext4", "-q", "-F", str(image))
-    path.mkdir()
-    disk = CrashableDisk(image, path)
-    try:
-        disk.mount()
-    except RuntimeError as exc:
-        require(False, f"cannot loop-mount an ext4 image here: {exc}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
 
 
 def assert_owner_only_under(parent: Path, root: str) -> None:

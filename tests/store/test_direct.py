@@ -13,7 +13,8 @@ import pytest
 
 from sealfs.store.direct import ALIGN, WINDOW, DirectIOUnsupported, open_direct, write_direct
 from sealfs.store.local import DIRECT_FROM, LocalStore
-from tests.store.conftest import CrashableDisk, mounted_ramfs
+from tests.conftest import CrashableDisk
+from tests.store.conftest import mounted_ramfs
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 

@@ -29,9 +29,10 @@ from sealfs.errors import (
 )
 from sealfs.store import local
 from sealfs.store.local import LOCK_NAME, TEMP_PREFIX, LocalStore
+from tests.conftest import CrashableDisk
 from tests.mounts import VolumeEnv
 from tests.prereq import require
-from tests.store.conftest import CrashableDisk, assert_owner_only_under, mounted_tmpfs
+from tests.store.conftest import assert_owner_only_under, mounted_tmpfs
 
 
 def _temp_files(root: Path) -> list[Path]:
