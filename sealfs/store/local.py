@@ -178,31 +178,47 @@ def _walk(directory: Path, rel: str, prefix: str, start_after: str, out: list[st
 
 
 class _Unsynced:
-    """The files written and the directories changed since the last sync. Thread-safe."""
+    """The files written and the directories changed since the last sync, and the size of
+    each object created since then (to check that it is still there). Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.files: set[str] = set()
         self.dirs: set[str] = set()
+        self.created: dict[str, int] = {}
 
-    def add(self, file: str | None, directory: str) -> None:
+    def add(self, file: str | None, directory: str, created: tuple[str, int] | None) -> None:
         with self._lock:
             if file is not None:
                 self.files.add(file)
             self.dirs.add(directory)
+            if created is not None:
+                self.created[created[0]] = created[1]
 
-    def take(self) -> tuple[set[str], set[str]]:
+    def replaced(self, path: str, size: int) -> None:
+        """path, created since the last sync, was replaced (a rekey re-sealed it)."""
+        with self._lock:
+            if path in self.created:
+                self.created[path] = size
+
+    def removed(self, path: str) -> None:
+        """path was deleted by this store: nothing is expected of it any more."""
+        with self._lock:
+            self.created.pop(path, None)
+
+    def take(self) -> tuple[set[str], set[str], dict[str, int]]:
         """Everything recorded so far, leaving the record empty."""
         with self._lock:
-            taken = self.files, self.dirs
-            self.files, self.dirs = set(), set()
+            taken = self.files, self.dirs, self.created
+            self.files, self.dirs, self.created = set(), set(), {}
         return taken
 
-    def give_back(self, files: set[str], dirs: set[str]) -> None:
+    def give_back(self, files: set[str], dirs: set[str], created: dict[str, int]) -> None:
         """Put back what a failed sync took, so that the next sync covers it again."""
         with self._lock:
             self.files |= files
             self.dirs |= dirs
+            self.created = {**created, **self.created}  # what came since is newer
 
 
 class LocalStore:
@@ -227,10 +243,12 @@ class LocalStore:
         self._syncfs_works: bool | None = None  # known at the first sync
         self._direct_lock = threading.Lock()
 
-    def _written(self, path: Path, *, file: bool = True) -> None:
-        """Remember that path's directory entry changed (and, if file, its data) for sync()."""
+    def _written(self, path: Path, *, file: bool = True, created: int | None = None) -> None:
+        """Remember that path's directory entry changed (and, if file, its data) for sync();
+        created: the size of the object that path newly holds, for sync() to check."""
         full = os.path.abspath(path)
-        self._unsynced.add(full if file else None, os.path.dirname(full))
+        made = None if created is None else (full, created)
+        self._unsynced.add(full if file else None, os.path.dirname(full), made)
 
     def _path(self, name: str) -> Path:
         return self.root / validate_name(name)
@@ -400,13 +418,18 @@ class LocalStore:
         ext4 happens to flush on such renames; other file systems need not.
         """
         path = self._path(name)
-        tmp = self._write_temp(path, name, data, durable=os.path.lexists(path))
+        replacing = os.path.lexists(path)
+        tmp = self._write_temp(path, name, data, durable=replacing)
         try:
             os.replace(tmp, path)
         except OSError as exc:
             _unlink_quietly(tmp)
             raise self._error(exc, f"rename into {name}") from exc
-        self._written(path)
+        # A replaced object (the header) may be replaced again by another process (a key
+        # change) before the next sync: only a new one is this store's to check.
+        self._written(path, created=None if replacing else len(data))
+        if replacing:
+            self._unsynced.replaced(os.path.abspath(path), len(data))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Create the object unless it exists (hard link: an atomic exclusive create).
@@ -429,7 +452,8 @@ class LocalStore:
             raise self._error(exc, f"link into {name}") from exc
         finally:
             _unlink_quietly(tmp)
-        self._written(path, file=False)  # its bytes are on disk already; its entry is not
+        # Its bytes are on disk already; its entry is not.
+        self._written(path, file=False, created=len(data))
 
     def put_if_match(self, name: str, data: bytes, etag: str) -> None:
         """Replace the object if its etag is still etag, under an exclusive flock on root/.lock.
@@ -469,6 +493,7 @@ class LocalStore:
         except OSError as exc:
             raise self._error(exc, f"delete {name}") from exc
         self._written(path, file=False)
+        self._unsynced.removed(os.path.abspath(path))
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         """Sorted names under prefix after start_after; walks only directories prefix can match."""
@@ -488,25 +513,56 @@ class LocalStore:
         fdatasyncs the files written since the last sync and fsyncs the
         directories whose entries changed (and the parents of new ones); above
         SYNCFS_ABOVE paths, one syncfs(2) of the root's file system instead.
-        Raises SyncFailedError if a flush itself fails, and again at every later
-        sync: the kernel may have dropped what it could not write, so a later
-        success would not prove those objects reached the disk. Other failures
+        Raises SyncFailedError if a flush itself fails, or an object created since
+        the last sync is gone or of another size once flushed (the file system lost
+        it), and again at every later sync: the kernel may have dropped what it
+        could not write, so a later success would not prove those objects reached
+        the disk. Other failures
         (opening a path) raise StoreError and hand the paths to the next sync.
         Never retries.
         """
         with self._sync_lock:
             if self._sync_failed is not None:
                 raise self._sync_failed
-            files, dirs = self._unsynced.take()
+            files, dirs, created = self._unsynced.take()
             try:
                 self._check_root()  # else the paths name another store's files, or none
                 self._sync_paths(files, dirs)
+                self._check_created(created)
             except SyncFailedError as exc:
                 self._sync_failed = exc
                 raise
             except BaseException:
-                self._unsynced.give_back(files, dirs)
+                self._unsynced.give_back(files, dirs, created)
                 raise
+
+    def _check_created(self, created: dict[str, int]) -> None:
+        """Raise SyncFailedError unless every object created since the last sync is still
+        there, whole, now that it was flushed.
+
+        A flush finds nothing to do for a path that is gone, and flushes a file emptied
+        by the file system as readily as a whole one. Both are what a power cut of the
+        store's disk leaves of objects not yet flushed, when the disk comes back (is
+        mounted again) while the mount lives: the objects' bytes are no longer in memory,
+        and the next commit published a segment naming chunks that were lost, its fsync
+        reporting success. Checked after the flush: an object still whole then was
+        flushed whole, and survives a cut that comes later.
+        """
+        for path, size in sorted(created.items()):
+            try:
+                found: int | None = os.stat(path).st_size
+            except FileNotFoundError:
+                found = None
+            except OSError as exc:
+                raise self._error(exc, f"stat {self._relative(path)} after sync") from exc
+            if found != size:
+                now = "gone" if found is None else f"{found} bytes, not {size}"
+                raise SyncFailedError(
+                    f"local store at {self.root}: {self._relative(path)}, written since the"
+                    f" last commit, is {now}: the store's file system lost writes (its disk"
+                    " cut off, then mounted again?), so sealfs commits nothing more through"
+                    " this store (a mount turns read-only); check the disk, then mount again"
+                )
 
     def _sync_paths(self, files: set[str], dirs: set[str]) -> None:
         dirs = self._with_new_parents(dirs)

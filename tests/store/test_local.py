@@ -555,6 +555,57 @@ def test_synced_objects_survive_a_power_cut(crashable_disk: CrashableDisk, count
     assert {name: after.get(name) for name in after.list("")} == expected
 
 
+LOST_BEFORE_SYNC: dict[str, Callable[[LocalStore], object]] = {
+    "buffered chunk": lambda store: store.put("c/ab/new", os.urandom(5000)),
+    "direct chunk": lambda store: store.put("c/cd/new", os.urandom(local.DIRECT_FROM + 4096)),
+    "segment": lambda store: store.put_if_absent("l/00000002", b"segment 2"),
+}
+
+
+@pytest.mark.parametrize("write", LOST_BEFORE_SYNC.values(), ids=LOST_BEFORE_SYNC.keys())
+def test_objects_lost_to_a_power_cut_before_their_sync_fail_it(
+    crashable_disk: CrashableDisk, write: Callable[[LocalStore], object]
+) -> None:
+    """The store's disk loses power after an object was written, before it was synced,
+    and comes back (mounted again) while the store lives on, as under a mount whose
+    daemon outlives a store disk that went away: the object is gone, or empty. Its bytes
+    are in no one's memory any more, so the sync that would make it durable must fail,
+    and so must every later one. Regression: the sync found nothing to flush for a path
+    that was gone and flushed an emptied file as readily as a whole one, and the commit
+    published a segment naming chunks that were lost, its fsync reporting success."""
+    root = crashable_disk.path / "store"
+    store = LocalStore(root)
+    store.put("sealfs.vol", b"header")
+    store.put_if_absent("l/00000001", b"segment 1")
+    store.put("c/ab/old", os.urandom(5000))
+    store.sync()
+    write(store)
+    crashable_disk.cut_power()
+    with pytest.raises(SyncFailedError, match="lost writes"):
+        store.sync()
+    with pytest.raises(SyncFailedError, match="lost writes"):
+        store.sync()  # the kernel lost them for good: no later sync may succeed
+
+
+def test_objects_deleted_or_replaced_before_their_sync_are_not_taken_for_lost(
+    tmp_path: Path,
+) -> None:
+    """What the store itself deleted since it wrote it, and an object replaced (the
+    header, which a key change in another process may replace again meanwhile), are no
+    loss: the check that catches lost objects must not stop the writer for them."""
+    store = LocalStore(tmp_path / "store")
+    store.put("sealfs.vol", b"header")
+    store.sync()
+    store.put("sealfs.vol", b"header 2")
+    store.put_if_absent("s/00000001", b"snapshot")
+    store.delete("s/00000001")
+    (tmp_path / "store" / "sealfs.vol").write_bytes(b"header 3, written by another process")
+    store.put("c/ab/x", b"chunk")
+    store.put("c/ab/x", b"chunk sealed again, longer")  # a rekey re-seals in place
+    store.sync()
+    assert store.get("c/ab/x") == b"chunk sealed again, longer"
+
+
 def test_a_store_on_a_fuse_file_system_is_synced_by_path(
     volume_env: VolumeEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
