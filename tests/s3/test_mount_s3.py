@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sealfs.cli.mount_cmd import commit_mount
+from tests.conftest import crashable_ext4
 from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs, write_secret
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
@@ -87,6 +88,41 @@ def test_checkpoints_survive_faults_and_a_crash(s3_env: S3VolumeEnv, proxy: Faul
     assert sum(proxy.injected.values()) >= 10, proxy.injected
     assert {"drop", "drop_after", "500", "503", "slowdown", "cut"} & set(proxy.injected)
     assert "Traceback" not in env.log_text()
+
+
+def test_a_power_cut_of_the_cache_disk_leaves_every_file_readable(
+    s3_env: S3VolumeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket keeps what fsync acknowledged; the disk cache and the host's seen
+    record sit on a local disk that loses power. Cached chunks are never flushed (they
+    can be fetched again), so the cut leaves them empty where a later journal commit
+    kept their names: each must be dropped and fetched again, never read as EIO or as
+    a file's bytes, and the volume must mount again at once."""
+    env = s3_env
+    with crashable_ext4(tmp_path / "ext4") as disk:
+        try:
+            monkeypatch.setenv("XDG_STATE_HOME", str(disk.path / "state"))
+            env.cache = disk.path / "cache"
+            env.mount()
+            rng = random.Random(3)
+            committed = {f"f{i}": rng.randbytes(rng.randrange(10, 2 << 20)) for i in range(8)}
+            for name, data in committed.items():
+                checkpoint(env.mnt, name, data)
+            other = disk.path / "other"  # another program's fsync: a journal commit
+            other.write_bytes(b"x")
+            with open(other, "rb+") as f:
+                os.fsync(f.fileno())
+            disk.cut()
+            env.kill()
+            disk.remount()
+            sizes = [p.stat().st_size for p in env.cache.rglob("*") if p.is_file()]
+            assert 0 in sizes, f"no cached chunk was left empty: {sizes}"
+            result = env.mount(check=False)
+            assert result.returncode == 0, f"mount refused after a power cut: {result.stderr}"
+            assert_holds(env.mnt, committed)
+            env.umount()
+        finally:
+            env.cleanup()  # before the disk goes
 
 
 def test_unreachable_store_makes_fsync_wait_then_succeed(
