@@ -128,28 +128,43 @@ class _Uploads:
     answered within half the base timeout halves it again.
     """
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._most = most
         self.size = most
         self.level = 0  # the base timeout doubled this many times
         self._active = 0
         self._successes = 0
-        self._progress = time.monotonic()  # when a put last succeeded
+        self._progress = self._clock()  # when a put last succeeded
+        # When the first put that timed out since the last success was sent: no put has
+        # succeeded since then (None: none has timed out since the last success).
+        self._failing_since: float | None = None
         self._cond = threading.Condition()
 
     def enter(self, patience: float) -> None:
-        arrived = time.monotonic()
+        """Wait for room in the window, but not once no put has succeeded for patience.
+
+        That clock runs from the last success, or from when the first put that timed
+        out since was sent, never from this put's arrival: against a dead service each
+        put that arrived while the window was shut waited patience (the store timeout,
+        when it is under a minute) before its request, which took as long again, and
+        puts that came later queued anew: an fsync given --store-timeout 12 failed
+        after 36 s, the next after 49 s (24 s before the window).
+        """
+        arrived = self._clock()
         with self._cond:
             while self._active >= self.size:
-                left = patience - (time.monotonic() - max(self._progress, arrived))
+                since = arrived if self._failing_since is None else self._failing_since
+                left = patience - (self._clock() - max(self._progress, since))
                 if left <= 0:
                     break
                 self._cond.wait(left)
             self._active += 1
 
-    def leave(self, timed_out: bool, quick: bool, level: int, top_level: int) -> None:
-        """A put sent with the timeout of `level` ended. Puts that time out together
-        raise the level once, not once each (as TCP backs off once per loss)."""
+    def leave(self, timed_out: bool, quick: bool, level: int, top_level: int, sent: float) -> None:
+        """A put sent (at monotonic time `sent`) with the timeout of `level` ended. Puts
+        that time out together raise the level once, not once each (as TCP backs off
+        once per loss)."""
         with self._cond:
             self._active -= 1
             if timed_out:
@@ -157,8 +172,11 @@ class _Uploads:
                 self._successes = 0
                 if level == self.level:
                     self.level = min(top_level, self.level + 1)
+                if self._failing_since is None or sent < self._failing_since:
+                    self._failing_since = sent
             else:
-                self._progress = time.monotonic()
+                self._progress = self._clock()
+                self._failing_since = None
                 if quick:
                     self.level = max(0, self.level - 1)
             if not timed_out and self.size < self._most:
@@ -497,7 +515,7 @@ class S3Store:
             raise
         finally:
             quick = time.monotonic() - start < self._read_timeout / 2
-            uploads.leave(timed_out, quick, level, self._top_level)
+            uploads.leave(timed_out, quick, level, self._top_level, start)
 
     def _what(self, method: str, name: str) -> str:
         return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"

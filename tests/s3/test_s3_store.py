@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,7 +20,7 @@ from sealfs.errors import (
 )
 from sealfs.store.base import request_counts
 from sealfs.store.retry import RetryingStore
-from sealfs.store.s3 import S3Store, probe_conditional_writes
+from sealfs.store.s3 import S3Store, _Uploads, probe_conditional_writes
 from sealfs.store.url import open_store, parse_s3_url
 from tests.s3.link import NarrowLink
 from tests.s3.proxy import FaultProxy
@@ -114,6 +115,52 @@ def test_puts_side_by_side_over_a_narrow_link_are_not_cut_again_and_again(
         list(pool.map(lambda i: store.put(f"c/ab/{i}", bodies[i]), range(len(bodies))))
     assert all(inner.get(f"c/ab/{i}") == body for i, body in enumerate(bodies))
     assert inner.request_counts()["put"] <= 4 * len(bodies)
+
+
+def test_a_put_does_not_wait_for_room_once_puts_have_failed_for_a_whole_timeout() -> None:
+    """Regression: a put waited for room in a shut upload window up to a request's
+    timeout from its own arrival, however long every put had been failing already.
+    Against a dead service (a stalled proxy), with --store-timeout 12, each put that
+    came after the first round of timeouts waited 12 s before its own 12 s request,
+    and later ones queued anew: an fsync failed after 36 s, the next after 49 s."""
+    now = [100.0]
+    uploads = _Uploads(2, clock=lambda: now[0])
+    uploads.enter(10.0)
+    uploads.enter(10.0)  # a round of two puts, sent at 100, that the service never answers
+    now[0] = 110.0
+    uploads.leave(True, False, 0, 0, sent=100.0)
+    uploads.leave(True, False, 0, 0, sent=100.0)
+    assert uploads.size == 1
+    uploads.enter(10.0)  # a retry fills the window again
+    now[0] = 110.5  # nothing has succeeded for 10.5 s: a put that comes now goes at once
+    late = threading.Thread(target=uploads.enter, args=(10.0,), daemon=True)
+    late.start()
+    late.join(5.0)
+    waited = late.is_alive()
+    now[0] = 200.0  # release it either way (its patience ran out long ago)
+    with uploads._cond:
+        uploads._cond.notify_all()
+    late.join(5.0)
+    assert not waited, "a put waited for room although no put had succeeded for 10 s"
+
+
+def test_a_put_still_waits_for_room_while_the_failing_round_is_young() -> None:
+    """The window keeps its point over a narrow link: puts that come soon after a
+    round of timeouts wait for room (up to patience since that round was sent)."""
+    now = [100.0]
+    uploads = _Uploads(1, clock=lambda: now[0])
+    uploads.enter(10.0)
+    now[0] = 103.0
+    uploads.leave(True, False, 0, 0, sent=100.0)
+    uploads.enter(10.0)  # a retry: the window (one) is full
+    waiter = threading.Thread(target=uploads.enter, args=(10.0,), daemon=True)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive(), "a put went past a full window 3 s into a 10 s patience"
+    now[0] = 104.0
+    uploads.leave(False, True, 0, 0, sent=103.0)  # the retry succeeded: room again
+    waiter.join(5.0)
+    assert not waiter.is_alive()
 
 
 def test_missing_bucket_is_a_store_error_with_a_fix(moto: str) -> None:
