@@ -186,6 +186,10 @@ class _Unsynced:
         self.files: set[str] = set()
         self.dirs: set[str] = set()
         self.created: dict[str, int] = {}
+        # What this store did since the last take to a path: the size it holds now, or
+        # None if deleted. A sync in flight checks what it took against this, not the
+        # sizes it took: a delete or a re-seal may land while it flushes.
+        self.changed: dict[str, int | None] = {}
 
     def add(self, file: str | None, directory: str, created: tuple[str, int] | None) -> None:
         with self._lock:
@@ -194,31 +198,43 @@ class _Unsynced:
             self.dirs.add(directory)
             if created is not None:
                 self.created[created[0]] = created[1]
+                self.changed[created[0]] = created[1]
 
     def replaced(self, path: str, size: int) -> None:
         """path, created since the last sync, was replaced (a rekey re-sealed it)."""
         with self._lock:
             if path in self.created:
                 self.created[path] = size
+            self.changed[path] = size
 
     def removed(self, path: str) -> None:
         """path was deleted by this store: nothing is expected of it any more."""
         with self._lock:
             self.created.pop(path, None)
+            self.changed[path] = None
 
     def take(self) -> tuple[set[str], set[str], dict[str, int]]:
         """Everything recorded so far, leaving the record empty."""
         with self._lock:
             taken = self.files, self.dirs, self.created
             self.files, self.dirs, self.created = set(), set(), {}
+            self.changed = {}
         return taken
+
+    def expected(self, path: str, size: int) -> int | None:
+        """The size path, taken with size, should have now (None: this store deleted it)."""
+        with self._lock:
+            return self.changed.get(path, size)
 
     def give_back(self, files: set[str], dirs: set[str], created: dict[str, int]) -> None:
         """Put back what a failed sync took, so that the next sync covers it again."""
         with self._lock:
             self.files |= files
             self.dirs |= dirs
-            self.created = {**created, **self.created}  # what came since is newer
+            # What came since is newer; what was deleted since expects nothing.
+            kept = {path: self.changed.get(path, size) for path, size in created.items()}
+            mine = {path: size for path, size in kept.items() if size is not None}
+            self.created = {**mine, **self.created}
 
 
 class LocalStore:
@@ -242,6 +258,9 @@ class LocalStore:
         self._direct = True  # until the file system refuses O_DIRECT
         self._syncfs_works: bool | None = None  # known at the first sync
         self._direct_lock = threading.Lock()
+        # Held across a delete or a replacement and its record in _unsynced, so that a
+        # sync's check never sees the one without the other.
+        self._changing = threading.Lock()
 
     def _written(self, path: Path, *, file: bool = True, created: int | None = None) -> None:
         """Remember that path's directory entry changed (and, if file, its data) for sync();
@@ -420,16 +439,17 @@ class LocalStore:
         path = self._path(name)
         replacing = os.path.lexists(path)
         tmp = self._write_temp(path, name, data, durable=replacing)
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            _unlink_quietly(tmp)
-            raise self._error(exc, f"rename into {name}") from exc
+        with self._changing if replacing else contextlib.nullcontext():
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                _unlink_quietly(tmp)
+                raise self._error(exc, f"rename into {name}") from exc
+            if replacing:
+                self._unsynced.replaced(os.path.abspath(path), len(data))
         # A replaced object (the header) may be replaced again by another process (a key
         # change) before the next sync: only a new one is this store's to check.
         self._written(path, created=None if replacing else len(data))
-        if replacing:
-            self._unsynced.replaced(os.path.abspath(path), len(data))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Create the object unless it exists (hard link: an atomic exclusive create).
@@ -486,14 +506,15 @@ class LocalStore:
         """Delete the object; a missing object is not an error."""
         path = self._path(name)
         self._check_root()
-        try:
-            os.unlink(path)
-        except _MISSING:
-            return
-        except OSError as exc:
-            raise self._error(exc, f"delete {name}") from exc
+        with self._changing:
+            try:
+                os.unlink(path)
+            except _MISSING:
+                return
+            except OSError as exc:
+                raise self._error(exc, f"delete {name}") from exc
+            self._unsynced.removed(os.path.abspath(path))
         self._written(path, file=False)
-        self._unsynced.removed(os.path.abspath(path))
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         """Sorted names under prefix after start_after; walks only directories prefix can match."""
@@ -548,13 +569,15 @@ class LocalStore:
         reporting success. Checked after the flush: an object still whole then was
         flushed whole, and survives a cut that comes later.
         """
-        for path, size in sorted(created.items()):
-            try:
-                found: int | None = os.stat(path).st_size
-            except FileNotFoundError:
-                found = None
-            except OSError as exc:
-                raise self._error(exc, f"stat {self._relative(path)} after sync") from exc
+        for path, taken in sorted(created.items()):
+            found = self._size(path)
+            if found == taken:
+                continue
+            with self._changing:  # a delete or a re-seal of it since the take is no loss
+                size = self._unsynced.expected(path, taken)
+                if size is None:
+                    continue
+                found = self._size(path)
             if found != size:
                 now = "gone" if found is None else f"{found} bytes, not {size}"
                 raise SyncFailedError(
@@ -563,6 +586,15 @@ class LocalStore:
                     " cut off, then mounted again?), so sealfs commits nothing more through"
                     " this store (a mount turns read-only); check the disk, then mount again"
                 )
+
+    def _size(self, path: str) -> int | None:
+        """path's size, None if it is gone."""
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error(exc, f"stat {self._relative(path)} after sync") from exc
 
     def _sync_paths(self, files: set[str], dirs: set[str]) -> None:
         dirs = self._with_new_parents(dirs)

@@ -606,6 +606,53 @@ def test_objects_deleted_or_replaced_before_their_sync_are_not_taken_for_lost(
     assert store.get("c/ab/x") == b"chunk sealed again, longer"
 
 
+def test_an_object_deleted_or_replaced_while_a_sync_runs_is_not_taken_for_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is thread-safe: a delete or a re-seal in another thread may land while
+    a sync flushes. Regression: the sync had taken the objects to check already, and
+    the delete (or the new size) reached only the record for the next sync, so the
+    sync found the object gone (or of another size) and failed for good, turning the
+    mount read-only as if its disk had lost writes."""
+    store = LocalStore(tmp_path / "store")
+    store.put("c/ab/kept", b"kept")
+    store.put_if_absent("s/00000001", b"snapshot")
+    store.put("c/ab/x", b"chunk")
+    flush = local.LocalStore._sync_paths
+
+    def flush_then_change(self: LocalStore, files: set[str], dirs: set[str]) -> None:
+        flush(self, files, dirs)
+        self.delete("s/00000001")  # as if another thread, between the flush and the check
+        self.put("c/ab/x", b"chunk sealed again, longer")
+
+    monkeypatch.setattr(local.LocalStore, "_sync_paths", flush_then_change)
+    store.sync()
+    monkeypatch.undo()
+    store.sync()  # and the next one neither
+    assert store.get("c/ab/x") == b"chunk sealed again, longer"
+
+
+def test_an_object_deleted_after_a_failed_sync_is_not_taken_for_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync that fails short of a flush (a path it cannot open) hands what it took
+    to the next sync. Regression: an object deleted meanwhile came back with it, and
+    the next sync found it gone and failed for good."""
+    store = LocalStore(tmp_path / "store")
+    store.put_if_absent("s/00000001", b"snapshot")
+
+    def cannot_open(self: LocalStore, files: set[str], dirs: set[str]) -> None:
+        self.delete("s/00000001")  # lands while the sync runs, before it fails
+        raise StoreError("open s/00000001 for sync failed: EMFILE")
+
+    monkeypatch.setattr(local.LocalStore, "_sync_paths", cannot_open)
+    with pytest.raises(StoreError) as info:
+        store.sync()
+    assert not isinstance(info.value, SyncFailedError)
+    monkeypatch.undo()
+    store.sync()
+
+
 def test_a_store_on_a_fuse_file_system_is_synced_by_path(
     volume_env: VolumeEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
