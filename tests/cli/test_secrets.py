@@ -219,17 +219,27 @@ def _typed_on_a_terminal(typed: bytes, *, raw: bool = False) -> str:
     env = {
         k: v for k, v in os.environ.items() if k not in (PASSPHRASE_ENV, "CREDENTIALS_DIRECTORY")
     }
+    out = _on_a_terminal([sys.executable, "-c", probe], env, answer=(b"Passphrase: ", typed))
+    return out.decode(errors="replace").split("Passphrase: ", 1)[1].strip()
+
+
+def _on_a_terminal(
+    argv: list[str], env: dict[str, str], answer: tuple[bytes, bytes] | None = None
+) -> bytes:
+    """All that argv writes, run on a terminal of its own (its controlling one, and its
+    stdio); answer: (a prompt, what to type once it shows)."""
     pid, fd = pty.fork()
-    if pid == 0:  # the child: the terminal is its controlling one, and its stdio
-        os.execve(sys.executable, [sys.executable, "-c", probe], env)
+    if pid == 0:
+        os.execve(argv[0], argv, env)
     out = b""
     try:
-        while b"Passphrase: " not in out:
-            out += os.read(fd, 4096)
-        os.write(fd, typed)
+        if answer is not None:
+            while answer[0] not in out:
+                out += os.read(fd, 4096)
+            os.write(fd, answer[1])
         while True:
             ready, _, _ = select.select([fd], [], [], 30)
-            assert ready, f"the prompt did not end: {out!r}"
+            assert ready, f"the child did not end: {out!r}"
             try:
                 chunk = os.read(fd, 4096)
             except OSError:  # EIO: the child closed the terminal
@@ -240,7 +250,7 @@ def _typed_on_a_terminal(typed: bytes, *, raw: bool = False) -> str:
     finally:
         os.close(fd)
         os.waitpid(pid, 0)
-    return out.decode(errors="replace").split("Passphrase: ", 1)[1].strip()
+    return out
 
 
 @pytest.mark.parametrize(
@@ -304,22 +314,5 @@ def test_an_interrupt_as_echo_goes_off_still_restores_the_terminal() -> None:
     KeyboardInterrupt came as that switch returned (ISIG is now on even on a terminal
     left raw; TCSAFLUSH first waits for pending output) skipped the restore: the shell
     was left with echo off."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the terminal is its controlling one, and its stdio
-        os.execv(sys.executable, [sys.executable, "-c", SIGNAL_AS_ECHO_GOES_OFF])
-    out = b""
-    try:
-        while True:
-            ready, _, _ = select.select([fd], [], [], 30)
-            assert ready, f"the child did not end: {out!r}"
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-    finally:
-        os.close(fd)
-        os.waitpid(pid, 0)
+    out = _on_a_terminal([sys.executable, "-c", SIGNAL_AS_ECHO_GOES_OFF], dict(os.environ))
     assert b"RESTORED" in out, out

@@ -54,7 +54,7 @@ def cache_args(disk: CrashableDisk) -> list[str]:
 def checkpoint(directory: Path, i: int) -> bytes:
     """Write checkpoint i the way agents do (temp file, fsync, rename, fsync the
     directory), then append its number to a journal with fsync; its bytes."""
-    data = random.Random(i).randbytes(1000 + i * 70_001 % 400_000)
+    data = checkpoint_bytes(i)
     tmp = directory / "ckpt.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
