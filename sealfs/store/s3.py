@@ -179,11 +179,11 @@ class _Uploads:
                 self._failing_since = None
                 if quick:
                     self.level = max(0, self.level - 1)
-            if not timed_out and self.size < self._most:
-                self._successes += 1
-                if self._successes >= self.size:
-                    self.size += 1
-                    self._successes = 0
+                if self.size < self._most:
+                    self._successes += 1
+                    if self._successes >= self.size:
+                        self.size += 1
+                        self._successes = 0
             self._cond.notify_all()
 
 
@@ -337,8 +337,7 @@ class S3Store:
         self.requests: collections.Counter[str] = collections.Counter()
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
         self._lock = threading.Lock()
-        self._client: Any = None
-        self._patient: dict[int, Any] = {}  # clients with read_timeout * 2**level, by level
+        self._clients: dict[int, Any] = {}  # by level: read_timeout doubled level times
         self._pid = 0
         self._stale_clients: list[Any] = []  # a parent's clients: never closed here (see above)
         self._uploads = _Uploads(max_pool)
@@ -350,32 +349,24 @@ class S3Store:
         """In a forked child: a fresh lock (the parent's may be held by a thread now gone)."""
         self._lock = threading.Lock()
         self._uploads = _Uploads(self.max_pool)  # its lock may be held by a gone thread
-        if self._client is not None:
-            self._stale_clients.append(self._client)
-            self._client = None
-        self._stale_clients += self._patient.values()
-        self._patient = {}
+        self._stale_clients += self._clients.values()
+        self._clients = {}
 
     def _get_client(self, level: int = 0) -> Any:
+        """This process's client whose read timeout is read_timeout doubled level times."""
         pid = os.getpid()
-        client = self._client if level == 0 else self._patient.get(level)
+        client = self._clients.get(level)
         if client is not None and self._pid == pid:
             return client
         with self._lock:
-            if self._client is not None and self._pid != pid:
-                self._stale_clients.append(self._client)
-                self._stale_clients += self._patient.values()
-                self._client, self._patient = None, {}
-            if self._client is None:
-                self._client = self._make_client()
-                self._pid = pid
-            if level == 0:
-                return self._client
-            if level not in self._patient:
-                self._patient[level] = self._make_client(self._read_timeout * 2**level)
-            return self._patient[level]
+            if self._pid != pid:
+                self._stale_clients += self._clients.values()
+                self._clients, self._pid = {}, pid
+            if level not in self._clients:
+                self._clients[level] = self._make_client(self._read_timeout * 2**level)
+            return self._clients[level]
 
-    def _make_client(self, read_timeout: float | None = None) -> Any:
+    def _make_client(self, read_timeout: float) -> Any:
         with _SESSIONS.lock:
             key = (os.getpid(), self.profile, self._region())
             session = _SESSIONS.by_key.get(key)
@@ -387,7 +378,7 @@ class S3Store:
                         "AWS profile not found: check AWS_PROFILE and ~/.aws/config"
                     ) from None
                 _SESSIONS.by_key[key] = session
-            return self._client_from(session, read_timeout or self._read_timeout)
+            return self._client_from(session, read_timeout)
 
     def _client_from(self, session: Any, read_timeout: float) -> Any:
         s3_config: dict[str, str] = {}
@@ -705,14 +696,12 @@ class S3Store:
     def close(self) -> None:
         """Close this process's connection pool (a parent's is left alone)."""
         with self._lock:
-            client, self._client = self._client, None
-            patient, self._patient = list(self._patient.values()), {}
+            clients, self._clients = list(self._clients.values()), {}
             if self._pid != os.getpid():
-                self._stale_clients += [c for c in [client, *patient] if c is not None]
+                self._stale_clients += clients
                 return
-        for c in [client, *patient]:
-            if c is not None:
-                c.close()
+        for client in clients:
+            client.close()
 
 
 def _is_object_name(name: str) -> bool:

@@ -285,18 +285,18 @@ def test_retrying_store_survives_the_fault_mix(moto: str, bucket: str, proxy: Fa
 def test_a_forked_child_gets_its_own_client(moto: str, bucket: str) -> None:
     store = S3Store(bucket, "p", endpoint_url=moto)
     store.put("c/ab/parent", b"parent")  # the parent's client now exists, with a connection
-    parent_client = store._client
+    parent_client = store._clients[0]
     pid = os.fork()
     if pid == 0:  # child: use the store, report through the exit code
         code = 1
         try:
             store.put("c/ab/child", store.get("c/ab/parent") + b" and child")
-            code = 0 if store._client is not parent_client else 2
+            code = 0 if store._clients[0] is not parent_client else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert store._client is parent_client
+    assert store._clients[0] is parent_client
     assert store.get("c/ab/child") == b"parent and child"
 
 
