@@ -250,7 +250,7 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
             " own mount and hang; put them apart"
         )
     if cache_dir is not None:
-        _check_cache_outside_stores(cache_dir, store)
+        _check_cache_outside_stores(cache_dir)
     if not is_local_url(store):
         return
     root = str(local_path(store))
@@ -268,22 +268,16 @@ def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:
         )
 
 
-def _check_cache_outside_stores(cache_dir: str, store: str) -> None:
-    """Refuse a cache directory that is, or lies inside, a local store: this volume's
-    or any other's (a backup copy, another volume).
+def _check_cache_outside_stores(cache_dir: str) -> None:
+    """Refuse a cache directory that is, or lies inside, a local store (one holding a
+    header): this volume's or any other's (a backup copy, another volume).
 
     The cache keeps chunk c/<ab>/<id> as the file c/<ab>/<id>, as a local store does,
     and deletes files past --cache-size. Given the store itself, the mount deleted its
     committed chunks at once (evicting down to the cache size) and files read EIO.
     """
-    real = os.path.realpath(cache_dir)
     what = "cache directory " + os.path.abspath(cache_dir)
-    if is_local_url(store) and inside(real, str(local_path(store))):
-        raise ConfigError(
-            f"{what} is inside the store {local_path(store)}: the cache would delete the"
-            " store's chunks to keep within its size; put it outside the store"
-        )
-    directory = real
+    directory = os.path.realpath(cache_dir)
     while True:
         if os.path.isfile(os.path.join(directory, HEADER_NAME)):
             raise ConfigError(
