@@ -95,10 +95,6 @@ class SeenVolume:
             self._warned = True
             return None
 
-    def recorded(self) -> Recorded | None:
-        """The record as it is now: (generation, when it was recorded in ns), if any."""
-        return self._read()
-
     def check(self, recorded: Recorded | None, generation: int) -> None:
         """Raise RolledBackError if recorded (this host's record at this location) is
         newer than generation, unless accepting.
@@ -106,10 +102,9 @@ class SeenVolume:
         recorded is the record as read before the store's log was listed (see
         unlock_seen): a record read after it may hold a generation that a mount of the
         volume on this host committed since, and takes the store for rolled back."""
-        seen = recorded
-        if seen is None or generation >= seen[0] or self.accepting:
+        if recorded is None or generation >= recorded[0] or self.accepting:
             return
-        newest, at_ns = seen
+        newest, at_ns = recorded
         try:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
         except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
@@ -128,7 +123,7 @@ class SeenVolume:
             return
         try:
             with self._locked() as directory:
-                seen = self._read()
+                seen = self.recorded()
                 if seen is not None and seen[0] >= generation and not replace:
                     return
                 self._write(generation, directory)
@@ -158,8 +153,9 @@ class SeenVolume:
         finally:
             os.close(fd)
 
-    def _read(self) -> Recorded | None:
-        """(generation, when it was recorded) or None if there is no usable record."""
+    def recorded(self) -> Recorded | None:
+        """The record as it is now: (generation, when it was recorded in ns), or None if
+        there is no usable record."""
         path = self._where()
         if path is None:
             return None
