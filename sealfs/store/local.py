@@ -255,6 +255,10 @@ class LocalStore:
         self._durable_dirs: set[str] = set()
         self._top = os.path.dirname(os.path.abspath(self.root))  # holds the root's own entry
         self._root_id = _dir_id(self.root)  # None until init makes the root
+        # Resolved once: the status of a mount gives it on the FUSE event loop, where a
+        # path walk on a slow disk would hold every request; and writes stay in the
+        # directory found here (_check_root), whatever a symlink names later.
+        self._location = f"local store at {os.path.realpath(self.root)}"
         self._direct = True  # until the file system refuses O_DIRECT
         self._syncfs_works: bool | None = None  # known at the first sync
         self._direct_lock = threading.Lock()
@@ -771,7 +775,7 @@ class LocalStore:
 
     def location(self) -> str:
         """The root's real path: one directory, however a symlink named it."""
-        return f"local store at {os.path.realpath(self.root)}"
+        return self._location
 
     def describe(self) -> str:
         """Return "local store at ROOT"."""
