@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 import trio
@@ -27,7 +27,12 @@ from sealfs.crypto.envelope import (
 )
 from sealfs.crypto.ids import chunk_id as keyed_chunk_id
 from sealfs.crypto.keyring import KeyRing
-from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
+from sealfs.errors import (
+    FormatError,
+    IntegrityError,
+    ObjectNotFoundError,
+    StoreUnavailableError,
+)
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import get_opened
 
@@ -151,11 +156,24 @@ class Chunks:
         self._unusable.discard(cid)
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
 
-    async def store(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
-        """Make sure a chunk with this content is in the store (skipping known ids)."""
-        result = await trio.to_thread.run_sync(
-            self._seal_and_put, plaintext, known, limiter=self._limiter
-        )
+    async def store(
+        self,
+        plaintext: bytes | memoryview,
+        known: Container[bytes],
+        on_unavailable: Callable[[], None] = lambda: None,
+    ) -> StoredChunk:
+        """Make sure a chunk with this content is in the store (skipping known ids).
+
+        on_unavailable runs when the upload gave up on the store, before its worker
+        goes to the next upload waiting for one: a caller that stops its other uploads
+        then (cancels them) stops them before any begins a request of its own.
+        """
+        async with self._limiter:
+            try:
+                result = await trio.to_thread.run_sync(self._seal_and_put, plaintext, known)
+            except StoreUnavailableError:
+                on_unavailable()
+                raise
         self.uploaded_bytes += result.stored_size
         return result
 

@@ -329,16 +329,29 @@ class Committer:
         return True
 
     async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
+        """Flush every detached file; raise the first failure once all have ended.
+
+        After one failure the other files go on (what they store is stored for the
+        next commit), except when the store was given up on: then each of their
+        uploads would wait the whole store timeout again before the fsync fails.
+        """
         failure: list[BaseException] = []
+
+        def failed(exc: BaseException) -> None:
+            if not isinstance(exc, Exception):
+                raise exc
+            failure.append(exc)
+            if isinstance(exc, StoreUnavailableError):
+                nursery.cancel_scope.cancel()
 
         async def one(job: Detached) -> None:
             try:
-                tail = await self._files.flush(job, batch, keep_tail=False)
+                tail = await self._files.flush(
+                    job, batch, keep_tail=False, on_unavailable=nursery.cancel_scope.cancel
+                )
             except BaseException as exc:
                 self._files.finish(job, None, failed=True)
-                if not isinstance(exc, Exception):
-                    raise
-                failure.append(exc)  # let the other files finish; report the first failure
+                failed(exc)
                 return
             self._files.finish(job, tail, failed=False)
 
@@ -348,9 +361,7 @@ class Committer:
             except BaseException as exc:
                 for job, _, _ in group:
                     self._files.finish(job, None, failed=True)
-                if not isinstance(exc, Exception):
-                    raise
-                failure.append(exc)
+                failed(exc)
                 return
             for job, _, _ in group:
                 self._files.finish(job, None, failed=False)

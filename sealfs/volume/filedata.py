@@ -25,6 +25,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -313,20 +314,30 @@ class FileData:
                 self._chunks.cache.put(chunk.chunk_id, piece)
                 self._set_forced(job, extent)
 
-    async def flush(self, job: Detached, sink: list[ops.Op], *, keep_tail: bool) -> SparseBuffer:
+    async def flush(
+        self,
+        job: Detached,
+        sink: list[ops.Op],
+        *,
+        keep_tail: bool,
+        on_unavailable: Callable[[], None] = lambda: None,
+    ) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
         Returns the bytes kept back (a partial last chunk at end of file, when
         keep_tail asks for it, so that a streaming writer is cut as in one pass).
         Without keep_tail the last chunk is cut at the end of the data; it is
         remembered as the file's forced cut, for the next flush to re-chunk.
+        on_unavailable is called as soon as an upload gives up on the store
+        (StoreUnavailableError), before the uploads still running end.
         Raises StoreError and friends; then nothing was recorded for this file.
         """
         inode = job.inode
         assert inode.extents is not None
+        seal = partial(self._seal_regions, job, keep_tail=keep_tail, on_unavailable=on_unavailable)
         try:
             regions = _regions(job.data, inode.extents, self.forced.get(inode.ino), job.size)
-            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
+            sealed = await seal(regions)
         except (IntegrityError, FormatError, ObjectNotFoundError) as exc:
             # Only the old bytes read for merging or resuming can be damaged; those are an
             # optimisation. A damaged neighbour must not keep the new bytes (and with them
@@ -334,7 +345,7 @@ class FileData:
             log.warning("sealing written bytes of inode %d unmerged: %s", inode.ino, exc)
             self.forced.pop(inode.ino, None)
             regions = _regions(job.data, inode.extents, None, job.size, merge=False)
-            sealed = await self._seal_regions(job, regions, keep_tail=keep_tail)
+            sealed = await seal(regions)
         fresh, data_ops, tail, forced = sealed
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
             record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
@@ -347,7 +358,12 @@ class FileData:
         return tail
 
     async def _seal_regions(
-        self, job: Detached, regions: list[Region], *, keep_tail: bool
+        self,
+        job: Detached,
+        regions: list[Region],
+        *,
+        keep_tail: bool,
+        on_unavailable: Callable[[], None],
     ) -> tuple[dict[bytes, ChunkInfo], list[ops.Op], SparseBuffer, Extent | None]:
         """Seal each region; return the new chunks, the data records, the kept tail and
         the file's forced cut after them. Records nothing (the caller does)."""
@@ -360,7 +376,13 @@ class FileData:
         for region in regions:
             at_eof = region.end >= job.size
             extents, kept = await self._seal_region(
-                region, job.data, inode.extents, fresh, at_eof=at_eof, keep_tail=keep_tail
+                region,
+                job.data,
+                inode.extents,
+                fresh,
+                at_eof=at_eof,
+                keep_tail=keep_tail,
+                on_unavailable=on_unavailable,
             )
             end = region.end - len(kept)
             data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
@@ -395,6 +417,7 @@ class FileData:
         *,
         at_eof: bool,
         keep_tail: bool,
+        on_unavailable: Callable[[], None],
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []
@@ -404,7 +427,7 @@ class FileData:
 
         async def store(at: int, piece: memoryview) -> None:
             try:
-                stored = await self._chunks.store(piece, known)
+                stored = await self._chunks.store(piece, known, on_unavailable)
             finally:
                 slots.release()
             if stored.uploaded:
@@ -534,15 +557,19 @@ class _Windows:
 @asynccontextmanager
 async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
     """A nursery whose first error is raised as itself, not inside an ExceptionGroup,
-    so that callers (the commit loop, fsync) see the StoreError they handle."""
+    so that callers (the commit loop, fsync) see the StoreError they handle.
+
+    Errors beside Cancelled count too: a commit stops its other flushes when one
+    gives up on the store, and their uploads under way then give up as well.
+    """
     try:
         async with trio.open_nursery() as nursery:
             yield nursery
     except BaseExceptionGroup as group:
-        first = first_leaf(group)
-        if not isinstance(first, Exception):
-            raise
-        raise first from None
+        errors, others = group.split(Exception)
+        if errors is None or (others is not None and others.split(trio.Cancelled)[1]):
+            raise  # only Cancelled, or something graver (KeyboardInterrupt)
+        raise first_leaf(errors) from None
 
 
 def _slice(chunk: bytes, piece: Extent) -> memoryview:

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import threading
+import time
 import tracemalloc
 from typing import Any
 
@@ -16,7 +17,13 @@ import pytest
 import trio
 import trio.testing
 
-from sealfs.errors import FencedError, FsError, StoreError, SyncFailedError
+from sealfs.errors import (
+    FencedError,
+    FsError,
+    StoreError,
+    StoreUnavailableError,
+    SyncFailedError,
+)
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
 from sealfs.meta import codec
@@ -27,6 +34,7 @@ from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume import committer
+from sealfs.volume.chunks import RESERVED_WORKERS
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -323,6 +331,57 @@ async def test_failed_commit_raises_and_keeps_the_data(
         assert state.inodes[f].xattrs == {b"user.k": b"v"}
     async with session(faulty.inner) as v:
         assert await read_all(v, await ino_of(v, "d/f")) == data
+
+
+class GivingUpStore:
+    """Wraps a store that stopped answering: while `down`, every chunk put gives up as
+    RetryingStore does once the store has not answered for the whole store timeout.
+    The first gives up at once; the others count themselves and take a while first,
+    as requests already on their way to such a store do."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self.down = True
+        self.puts = 0
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/") and self.down:
+            with self._lock:
+                self.puts += 1
+                first = self.puts == 1
+            if not first:
+                time.sleep(0.2)
+            raise StoreUnavailableError("unreachable for the whole store timeout")
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_commit_starts_no_more_uploads_once_one_gave_up_on_the_store(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: after one file's upload gave up on an unreachable store, the other
+    files of the commit went on, each of their uploads waiting the whole store timeout
+    again: an fsync against a stalled S3 failed after twice --store-timeout. And the
+    uploads under way that gave up too must not turn the fsync's error into a group."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = GivingUpStore(memory_store)
+    files = {b"f%d" % k: os.urandom(2 << 20) for k in range(16)}
+    async with session(store, io_threads=2, **QUIET) as v:  # type: ignore[arg-type]
+        inos = {name: await mkfile(v, ROOT_INO, name, data) for name, data in files.items()}
+        with pytest.raises(StoreUnavailableError):
+            await v.fsync()
+        # The first, and those a worker had begun: they hold every worker until the
+        # commit stops.
+        assert store.puts <= 1 + 2 + RESERVED_WORKERS  # of about 32 chunks
+        store.down = False
+        await v.fsync()  # the store answers again: nothing was dropped
+        for name, data in files.items():
+            assert await read_all(v, inos[name]) == data
+    state = load(memory_store)
+    assert {state.inodes[ino].size for ino in inos.values()} == {2 << 20}
 
 
 async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
