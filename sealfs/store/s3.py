@@ -460,7 +460,8 @@ class S3Store:
             code = str(err.get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             mapped = on_client_error(code, status) if on_client_error else None
-            raise (mapped or self._client_error(method, name, code, status)) from None
+            message = str(err.get("Message", ""))
+            raise (mapped or self._client_error(method, name, code, status, message)) from None
         except StoreError:
             raise
         except (bex.NoCredentialsError, bex.PartialCredentialsError) as exc:
@@ -511,7 +512,9 @@ class S3Store:
     def _what(self, method: str, name: str) -> str:
         return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"
 
-    def _client_error(self, method: str, name: str, code: str, status: int) -> StoreError:
+    def _client_error(
+        self, method: str, name: str, code: str, status: int, message: str
+    ) -> StoreError:
         what = self._what(method, name)
         bucket = self.bucket
         if code == "NoSuchBucket":
@@ -547,12 +550,21 @@ class S3Store:
             return StoreError(
                 f"{what}: bucket {bucket} is in another region: set AWS_REGION to its region"
             )
+        if status in (400, 501) and "checksum" in message.lower():
+            # botocore (since 1.36) sends a CRC32 with every upload and asks for one
+            # with every download; some S3-compatible services refuse the headers.
+            return StoreError(
+                f"{what}: the service refuses the checksum headers boto3 sends"
+                f" ({code}: {message}): set AWS_REQUEST_CHECKSUM_CALCULATION=when_required"
+                " and AWS_RESPONSE_CHECKSUM_VALIDATION=when_required"
+            )
         if code == "NotImplemented" or status == 501:
             return StoreError(
                 f"{what}: the service does not implement this request ({code or status});"
                 " sealfs needs PutObject with If-None-Match and If-Match"
             )
-        return StoreError(f"{what}: {code or 'HTTP'} ({status})")
+        said = f": {message}" if message else ""
+        return StoreError(f"{what}: {code or 'HTTP'} ({status}){said}")
 
     # -- ObjectStore ------------------------------------------------------------------
 

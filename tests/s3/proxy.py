@@ -10,8 +10,10 @@ On a seeded fraction of requests it fails the way networks and S3 fail:
 - cut: forward a GET, then send the headers and only half of the body
 
 It can be closed (the port refuses connections and live connections are
-dropped) and reopened on the same port, and it can strip If-None-Match from
-requests to play a service that ignores conditional creates.
+dropped) and reopened on the same port, it can strip If-None-Match from
+requests to play a service that ignores conditional creates, and it can refuse
+requests that carry the checksum headers botocore sends since 1.36, as some
+S3-compatible services do (Backblaze B2's answer).
 
 Refusals, never in the default mix (set_faults(rate, [kind]) only): error
 documents S3 answers with that are not a server's trouble, or not only that:
@@ -54,6 +56,11 @@ ERROR_BODIES = {
         "IncompleteBody",
         "You did not provide the number of bytes specified by the Content-Length HTTP header",
     ),
+    "checksum": (
+        400,
+        "InvalidArgument",
+        "Unsupported header 'x-amz-sdk-checksum-algorithm' received for this API call.",
+    ),
 }
 
 
@@ -69,6 +76,7 @@ class FaultProxy:
         self.methods: frozenset[str] | None = None  # None: faults on every HTTP method
         self.delay = 0.3
         self.strip_if_none_match = False
+        self.refuse_checksums = False
         self.injected: collections.Counter[str] = collections.Counter()
         self.seen: collections.Counter[str] = collections.Counter()
         self.continues = 0  # "100 Continue" answers: requests that waited a round trip more
@@ -193,6 +201,11 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         body = self._read_body()
         fault = proxy.pick(self.command)
+        if proxy.refuse_checksums and any(
+            name.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum-"))
+            for name in self.headers
+        ):
+            fault = "checksum"
         if fault == "drop":
             self._drop()
             return

@@ -364,6 +364,58 @@ def test_init_refuses_a_service_that_ignores_if_none_match(
     assert not (tmp_path / "recovery").exists()
 
 
+def test_init_against_a_service_refusing_checksum_headers_names_the_setting(
+    tmp_path: Path, bucket: str, proxy: FaultProxy
+) -> None:
+    """Since botocore 1.36 every upload carries a CRC32 header, which some S3-compatible
+    services refuse (400 InvalidArgument); the error named neither cause nor fix."""
+    proxy.refuse_checksums = True
+    passfile = tmp_path / "pass"
+    write_secret(passfile, PASSPHRASE + "\n")
+    result = sealfs(
+        "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
+        str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "refuses the checksum headers" in result.stderr, result.stderr
+    assert "AWS_REQUEST_CHECKSUM_CALCULATION=when_required" in result.stderr
+    assert "Unsupported header" in result.stderr  # the service's own words
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert all_objects(bucket) == {}
+    assert not (tmp_path / "recovery").exists()
+
+
+def test_a_volume_works_on_a_service_refusing_checksum_headers_with_the_setting(
+    tmp_path: Path, bucket: str, proxy: FaultProxy
+) -> None:
+    """The setting the error names is boto3's own: sealfs must not override it."""
+    proxy.refuse_checksums = True
+    env = S3VolumeEnv(
+        tmp_path,
+        url=f"s3://{bucket}/vol",
+        endpoint=proxy.url,
+        extra_env={
+            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+            "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
+        },
+    )
+    try:
+        env.init()
+        env.mount()
+        files = {"a.json": b'{"step": 1}' * 1000, "b.bin": os.urandom(3 << 20)}
+        for name, data in files.items():
+            checkpoint(env.mnt, name, data)
+        env.umount()
+        fresh_cache(env)
+        env.mount()
+        assert_holds(env.mnt, files)
+        env.umount()
+    finally:
+        leftovers = env.cleanup()
+    assert not leftovers, "the test left a mount or a daemon behind"
+    assert proxy.seen["PUT"] > 0
+
+
 def test_rekey_of_a_mounted_s3_volume_through_faults(
     s3_env: S3VolumeEnv, proxy: FaultProxy, bucket: str
 ) -> None:
