@@ -107,7 +107,6 @@ class CachingStore:
         """Index the files already in the cache, least recently used (oldest mtime) first."""
         found: list[tuple[float, str, int]] = []
         root = self.cache_dir / CACHED_PREFIX.rstrip("/")
-        _owner_only(self.cache_dir)
         for dirpath, _dirs, files in os.walk(root):
             _owner_only(Path(dirpath))
             for file in files:
@@ -347,11 +346,14 @@ def _valid(name: str) -> bool:
 
 
 def _owner_only(directory: Path) -> None:
-    """Make a directory of the cache the owner's only, as make_dirs makes them now.
+    """Make a directory under the cache's root the owner's only, as make_dirs makes
+    them now.
 
     Caches made before that kept directories that other local users could list
     (which chunks a mount read, and their sizes), and make_dirs leaves an existing
-    directory as it is.
+    directory as it is. The root itself is left alone: it holds only `c/`, and
+    --cache-dir may name a directory that is not sealfs's to change (~, or /tmp,
+    whose mode the whole system depends on).
     """
     with contextlib.suppress(OSError):  # not ours to change: the files stay 0600
         if stat.S_IMODE(directory.stat().st_mode) & 0o077:

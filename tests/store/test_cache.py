@@ -243,17 +243,34 @@ def test_the_cache_s_directories_are_the_owner_s_only(tmp_path: Path) -> None:
 
 def test_a_cache_made_before_that_is_made_owner_only(tmp_path: Path) -> None:
     """A cache from an older build kept its 0755 directories, which make_dirs leaves
-    as they are; the next mount makes them the owner's only. Files stay 0600."""
+    as they are; the next mount makes those under the root the owner's only (the
+    root lists only c/). Files stay 0600."""
     store, memory = make(tmp_path)
     memory.put("c/ab/x", b"sealed chunk")
     assert store.get("c/ab/x") == b"sealed chunk"
-    directories = [tmp_path / "cache", tmp_path / "cache" / "c", tmp_path / "cache" / "c" / "ab"]
-    for directory in directories:
+    directories = [tmp_path / "cache" / "c", tmp_path / "cache" / "c" / "ab"]
+    for directory in [tmp_path / "cache", *directories]:
         directory.chmod(0o755)
     make(tmp_path)
     modes = [stat.S_IMODE(d.stat().st_mode) for d in directories]
-    assert modes == [0o700] * 3
+    assert modes == [0o700] * 2
     assert stat.S_IMODE((tmp_path / "cache" / "c" / "ab" / "x").stat().st_mode) == 0o600
+    assert os.listdir(tmp_path / "cache") == ["c"]
+
+
+def test_a_shared_directory_given_as_the_cache_keeps_its_mode(tmp_path: Path) -> None:
+    """Regression: --cache-dir ~ made the home directory 0700, and as root --cache-dir
+    /tmp would have made /tmp 0700 for the whole system."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    memory = MemoryStore()
+    memory.put("c/ab/x", b"sealed chunk")
+    for _ in range(2):  # a first mount, then one that finds the cache
+        store = CachingStore(memory, shared, 1 << 20)
+        assert store.get("c/ab/x") == b"sealed chunk"
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "c").stat().st_mode) == 0o700
 
 
 def test_a_fifo_in_the_cache_is_never_served(
