@@ -78,7 +78,18 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
 
 # Control characters (a newline or tab in a path) escaped as Python writes them.
 # C1 too (U+0080-U+009F, in a UTF-8 path): U+009B is a terminal's CSI, as ESC [ is.
-_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0))}
+# And the line and paragraph separators (U+2028, U+2029), where str.splitlines and
+# log tools that follow it end a line, and the bidirectional controls, which make a
+# terminal show the text after them in another order than it is written.
+_ESCAPED = (
+    *range(0x20),
+    *range(0x7F, 0xA0),
+    0x2028,
+    0x2029,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+)
+_CONTROL = {c: repr(chr(c))[1:-1] if c < 0xA0 else f"\\u{c:04x}" for c in _ESCAPED}
 
 
 def one_line(text: str) -> str:

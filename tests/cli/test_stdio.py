@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli.stdio import one_line
 from tests.mounts import CHEAP_KDF, VolumeEnv
 
 USAGE = 2
@@ -132,3 +133,14 @@ def test_an_error_naming_a_path_with_c1_controls_escapes_them(tmp_path: Path) ->
     assert result.returncode == USAGE, result.stderr
     assert "\u009b" not in result.stderr
     assert f"store {tmp_path}/a\\x9b31mb does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u202e", "\u2067", "\x85"])
+def test_one_line_escapes_what_ends_a_line_or_reorders_it(char: str) -> None:
+    """A line separator ends a line for str.splitlines (and log tools built on it); a
+    bidirectional override makes a terminal show what follows reversed: a store path
+    holding either could forge or disguise the log entry it appears in."""
+    text = one_line(f"store /srv/a{char}ERROR sealfs: forged")
+    assert char not in text
+    assert len(text.splitlines()) == 1
+    assert f"\\u{ord(char):04x}" in text or f"\\x{ord(char):02x}" in text
