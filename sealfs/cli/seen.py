@@ -193,10 +193,11 @@ class SeenVolume:
             "seen_at_ns": time.time_ns(),
         }
         data = json.dumps(record, ensure_ascii=True).encode() + b"\n"
+        self._remove_leftovers()
         # A new file of a name no one could guess: a symlink left in the directory under
         # the name used before (the pid) had the record written into the file it named,
         # truncating it, as whoever mounted (root, with a user's XDG_STATE_HOME under sudo).
-        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}")
+        temporary = self.path.with_name(f"{self._temporary_prefix}{secrets.token_hex(8)}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temporary, flags, 0o600)
         try:
@@ -210,6 +211,31 @@ class SeenVolume:
         finally:
             os.close(fd)
         os.fsync(directory)
+
+    @property
+    def _temporary_prefix(self) -> str:
+        return f".{self.path.name}."
+
+    def _remove_leftovers(self) -> None:
+        """Remove this record's temporary files that a crash or a power cut left (one
+        per mount that recorded as it happened; the record's lock is held, so no
+        writer is using one now)."""
+        prefix = self._temporary_prefix
+        with contextlib.suppress(OSError), os.scandir(self.path.parent) as entries:
+            for entry in entries:
+                token = entry.name.removeprefix(prefix)
+                if (
+                    token != entry.name
+                    and _is_token(token)
+                    and entry.is_file(follow_symlinks=False)
+                ):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _is_token(text: str) -> bool:
+    """Whether text is what secrets.token_hex(8) makes."""
+    return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
 
 
 def _lock_within(fd: int, seconds: float) -> None:

@@ -72,6 +72,26 @@ def test_the_record_never_goes_back_unless_told(state: Path) -> None:
         check(seen, 4)
 
 
+def test_temporary_files_a_power_cut_left_go_at_the_next_record(state: Path) -> None:
+    """A cut between creating the temporary file and renaming it over the record left
+    the file for good, one more at every such cut."""
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    seen.remember(7)
+    left = [seen.path.with_name(f".{seen.path.name}.{t}") for t in ("0123456789abcdef", "f" * 16)]
+    for path in left:
+        path.write_bytes(b'{"generation": 9')  # torn
+    others = [
+        seen.path.with_name(f".{seen.path.name}.notatoken"),
+        seen.path.with_name(".o." + "0" * 16),
+    ]
+    for path in others:
+        path.write_bytes(b"not ours")
+    seen.remember(8)
+    assert not any(path.exists() for path in left)
+    assert all(path.exists() for path in others)
+    assert seen.recorded() is not None and seen.recorded()[0] == 8  # type: ignore[index]
+
+
 def test_each_volume_and_location_has_its_own_record(state: Path) -> None:
     SeenVolume(VOLUME, "local store at /srv/agent").remember(7)
     check(SeenVolume(VOLUME, "local store at /backup/agent"), 2)  # a copy diverges legitimately
