@@ -177,9 +177,11 @@ def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
 
 
 def module_override(args: argparse.Namespace) -> str | None:
-    """--pkcs11-module, else SEALFS_PKCS11_MODULE (a leading ~ expanded, as the option's)."""
-    module = getattr(args, "pkcs11_module", None) or os.environ.get(MODULE_ENV)
-    return user_path(module) if module else None
+    """--pkcs11-module (its type expanded a leading ~), else SEALFS_PKCS11_MODULE, whose
+    ~ is expanded here."""
+    option: str | None = getattr(args, "pkcs11_module", None)
+    variable = os.environ.get(MODULE_ENV)
+    return option or (user_path(variable) if variable else None)
 
 
 def kms_clients(args: argparse.Namespace) -> KmsClients:
