@@ -30,7 +30,9 @@ from sealfs.errors import (
     MetadataTooLargeError,
     ObjectExistsError,
     SealfsError,
+    StoreError,
     StoreUnavailableError,
+    SyncFailedError,
     WriterStoppedError,
 )
 from sealfs.meta import ops
@@ -421,16 +423,27 @@ class Committer:
     def _publish_sync(self, generation: int, sealed: bytes, digest: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
         name = segment_name(generation)
-        self._store.sync()
+        try:
+            self._store.sync()
+        except SyncFailedError:
+            # A writer that took the volume over deletes old snapshots, this writer's
+            # newest among them: its takeover, not the disk, is why they are gone.
+            if self._taken_over(generation, name, sealed, digest):
+                raise _fenced(generation) from None
+            raise
         try:
             self._store.put_if_absent(name, sealed)
         except ObjectExistsError:
             if not self._is_ours(generation, name, sealed, digest):
-                raise FencedError(
-                    f"another writer committed generation {generation} first: this mount"
-                    " was taken over (fenced) and is now read-only; unmount it"
-                ) from None
+                raise _fenced(generation) from None
         self._store.sync()
+
+    def _taken_over(self, generation: int, name: str, sealed: bytes, digest: bytes) -> bool:
+        """Whether another writer has committed generation (False when unsure)."""
+        try:
+            return not self._is_ours(generation, name, sealed, digest)
+        except StoreError:  # not found, or the store cannot say: the flush's error stands
+            return False
 
     def _is_ours(self, generation: int, name: str, sealed: bytes, digest: bytes) -> bool:
         """Whether l/<generation> as found is the segment this writer sealed: the very
@@ -507,6 +520,13 @@ class Committer:
         """A rekey re-sealed s/<generation>: compaction must start from the new bytes."""
         if self._base is not None and self._base[0] == generation:
             self._base = (generation, sealed)
+
+
+def _fenced(generation: int) -> FencedError:
+    return FencedError(
+        f"another writer committed generation {generation} first: this mount"
+        " was taken over (fenced) and is now read-only; unmount it"
+    )
 
 
 def small_batch_size(count: int, workers: int) -> int:

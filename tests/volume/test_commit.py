@@ -674,6 +674,28 @@ async def test_second_claim_fences_the_first_writer(volume_store: MemoryStore) -
         assert await read_all(ro, f) == b"before"
 
 
+async def test_a_flush_failing_after_a_takeover_reports_the_takeover(
+    faulty: FaultyStore,
+) -> None:
+    """Regression: a writer that takes the volume over deletes old snapshots, the
+    fenced writer's newest among them, which its store then found lost at the next
+    flush: the mount reported a disk that lost writes, sending the operator after
+    the hardware, where the cause was the takeover."""
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(faulty, **QUIET) as v:  # type: ignore[arg-type]
+            f = await mkfile(v, ROOT_INO, b"f", b"before")
+            await v.fsync()
+            other = open_volume(faulty.inner, Passphrase(PASSPHRASE))
+            check_writer(other, takeover=True)
+            claim_writer(other)
+            await write_at(v, f, 0, b"AFTER!")
+            faulty.fail_next("sync", "", "flush_failed")
+            with pytest.raises(FencedError, match="taken over"):
+                await v.commits.commit()
+            assert isinstance(v.commits.stopped, FencedError)
+            assert faulty.injected
+
+
 async def test_a_fenced_mount_with_nothing_left_unmounts_quietly(
     volume_store: MemoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
