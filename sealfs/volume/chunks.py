@@ -12,6 +12,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -104,6 +105,10 @@ class PlainCache:
             self.nbytes -= len(data) + ENTRY_OVERHEAD
 
 
+P = TypeVar("P")
+R = TypeVar("R")
+
+
 class Chunks:
     """The chunk side of the data path for one unlocked volume."""
 
@@ -164,18 +169,34 @@ class Chunks:
     ) -> StoredChunk:
         """Make sure a chunk with this content is in the store (skipping known ids).
 
-        on_unavailable runs when the upload gave up on the store, before its worker
-        goes to the next upload waiting for one: a caller that stops its other uploads
-        then (cancels them) stops them before any begins a request of its own.
+        on_unavailable: see _upload.
+        """
+        result = await self._upload(self._seal_and_put, plaintext, known, on_unavailable)
+        self.uploaded_bytes += result.stored_size
+        return result
+
+    async def _upload(
+        self,
+        work: Callable[[P, Container[bytes]], R],
+        pieces: P,
+        known: Container[bytes],
+        on_unavailable: Callable[[], None],
+    ) -> R:
+        """Run a sealing and uploading job in a worker thread.
+
+        on_unavailable runs when the job gave up on the store, before its worker
+        goes to the next job waiting for one: a caller that then cancels its other
+        jobs stops them before any begins a request of its own. (Uploads sent
+        together to a stalled service give up together: with the worker handed
+        on as its thread ended, the next job began, and waited the whole store
+        timeout again.)
         """
         async with self._limiter:
             try:
-                result = await trio.to_thread.run_sync(self._seal_and_put, plaintext, known)
+                return await trio.to_thread.run_sync(work, pieces, known)
             except StoreUnavailableError:
                 on_unavailable()
                 raise
-        self.uploaded_bytes += result.stored_size
-        return result
 
     def _open(self, chunk_id: bytes, sealed: bytes) -> bytes:
         binding = chunk_binding(self._volume_id, chunk_id)
@@ -193,11 +214,14 @@ class Chunks:
             out.append(stored)
         return out
 
-    async def store_many(self, pieces: list[bytes], known: Container[bytes]) -> list[StoredChunk]:
+    async def store_many(
+        self,
+        pieces: list[bytes],
+        known: Container[bytes],
+        on_unavailable: Callable[[], None] = lambda: None,
+    ) -> list[StoredChunk]:
         """store() for many small pieces at once (thread hops dominate for small files)."""
-        results = await trio.to_thread.run_sync(
-            self._seal_and_put_many, pieces, known, limiter=self._limiter
-        )
+        results = await self._upload(self._seal_and_put_many, pieces, known, on_unavailable)
         self.uploaded_bytes += sum(r.stored_size for r in results)
         return results
 

@@ -359,7 +359,7 @@ class Committer:
 
         async def small(group: list[tuple[Detached, int, bytes]]) -> None:
             try:
-                await self._files.flush_small(group, batch)
+                await self._files.flush_small(group, batch, nursery.cancel_scope.cancel)
             except BaseException as exc:
                 for job, _, _ in group:
                     self._files.finish(job, None, failed=True)

@@ -292,13 +292,18 @@ class FileData:
         return start, bytes(buf)
 
     async def flush_small(
-        self, group: list[tuple[Detached, int, bytes]], sink: list[ops.Op]
+        self,
+        group: list[tuple[Detached, int, bytes]],
+        sink: list[ops.Op],
+        on_unavailable: Callable[[], None] = lambda: None,
     ) -> None:
         """Seal many small files in one worker-thread call, then record each of them.
 
+        on_unavailable: as for flush.
         Raises StoreError and friends; then nothing was recorded for any of them.
         """
-        stored = await self._chunks.store_many([piece for _, _, piece in group], self._meta.chunks)
+        pieces = [piece for _, _, piece in group]
+        stored = await self._chunks.store_many(pieces, self._meta.chunks, on_unavailable)
         for (job, start, piece), chunk in zip(group, stored, strict=True):
             if chunk.uploaded and chunk.chunk_id not in self._meta.chunks:
                 record(

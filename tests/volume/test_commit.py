@@ -384,6 +384,59 @@ async def test_a_commit_starts_no_more_uploads_once_one_gave_up_on_the_store(
     assert {state.inodes[ino].size for ino in inos.values()} == {2 << 20}
 
 
+class StalledStore:
+    """Wraps a store that stopped answering: a wave of chunk puts, one per worker,
+    gives up on it at the same moment (as requests sent together to a stalled
+    service time out together); counts the puts begun after that."""
+
+    def __init__(self, inner: ObjectStore, wave: int) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._wave = wave
+        self._arrived = 0
+        self._all_in = threading.Event()
+        self.late = 0
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/"):
+            with self._lock:
+                self._arrived += 1
+                late = self._arrived > self._wave
+                self.late += late
+                if self._arrived == self._wave:
+                    self._all_in.set()
+            if not late:
+                assert self._all_in.wait(10), "the workers never all had a put"
+            raise StoreUnavailableError("unreachable for the whole store timeout")
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(
+    ("count", "size"), [(16, 2 << 20), (1200, 1000)], ids=["large files", "small files"]
+)
+async def test_no_upload_begins_once_a_wave_of_them_gave_up_on_the_store(
+    memory_store: MemoryStore, kdf_params: Argon2Params, count: int, size: int
+) -> None:
+    """Regression: when the uploads in flight gave up together, each worker that ended
+    was handed the next upload before the commit could stop (the token went back as
+    the thread ended), and that upload waited the whole store timeout again."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    workers = 2 + RESERVED_WORKERS
+    store = StalledStore(memory_store, wave=workers)
+    async with session(store, io_threads=2, **QUIET) as v:  # type: ignore[arg-type]
+        for k in range(count):
+            await mkfile(v, ROOT_INO, b"f%d" % k, os.urandom(size))
+        with pytest.raises(StoreUnavailableError):
+            await v.fsync()
+        assert store.late == 0
+        store.put = memory_store.put  # type: ignore[method-assign]
+        await v.fsync()
+    assert len(load(memory_store).inodes) == count + 1
+
+
 async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
     faulty: FaultyStore,
 ) -> None:
