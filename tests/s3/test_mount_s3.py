@@ -115,8 +115,13 @@ def test_a_power_cut_of_the_cache_disk_leaves_every_file_readable(
             disk.cut()
             env.kill()
             disk.remount()
-            sizes = [p.stat().st_size for p in env.cache.rglob("*") if p.is_file()]
-            assert 0 in sizes, f"no cached chunk was left empty: {sizes}"
+            cached = [p for p in env.cache.rglob("*") if p.is_file()]
+            assert cached, "the cut left no cached chunk at all"
+            if all(p.stat().st_size for p in cached):
+                # The kernel wrote every cached chunk back before the cut (its flusher
+                # does under load, when the machine's dirty pages pile up): empty one
+                # as the cut would have, so that the case this test is for is there.
+                os.truncate(max(cached, key=lambda p: p.stat().st_mtime), 0)
             result = env.mount(check=False)
             assert result.returncode == 0, f"mount refused after a power cut: {result.stderr}"
             assert_holds(env.mnt, committed)
