@@ -317,7 +317,8 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return await self.volume.listxattr(inode)
+        # Only root is taken to hold CAP_SYS_ADMIN: the request carries no capabilities.
+        return await self.volume.listxattr(inode, privileged=ctx.uid == 0)
 
     @_boundary
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:

@@ -70,6 +70,7 @@ POSIX_ACL_XATTRS = (POSIX_ACL_ACCESS, b"system.posix_acl_default")
 # Stored, a system.* name could be set and removed by any user who could see the file,
 # owner or not: the kernel checks no permission for that namespace.
 XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
+XATTR_TRUSTED = b"trusted."  # listed only to CAP_SYS_ADMIN
 # The kernel's ACL xattr encoding: a version, then (tag, permissions, id) per entry, in
 # tag order. Owner, group and other entries alone are exactly the mode's 0o777 bits.
 _ACL_HEADER = struct.Struct("<I")
@@ -754,8 +755,14 @@ class Volume:
             raise _no_such_xattr(name)
         return value
 
-    async def listxattr(self, ino: int) -> list[bytes]:
-        return sorted(self.inode(ino).xattrs)
+    async def listxattr(self, ino: int, *, privileged: bool = True) -> list[bytes]:
+        """A file's xattr names. trusted.* ones only for a privileged caller (standing for
+        CAP_SYS_ADMIN), as ext4 lists them: the kernel refuses anyone else a read of one
+        (ENODATA), and rsync -X by a user failed on the names it was shown."""
+        names = sorted(self.inode(ino).xattrs)
+        if privileged:
+            return names
+        return [name for name in names if not name.startswith(XATTR_TRUSTED)]
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
         self._writable()

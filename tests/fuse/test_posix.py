@@ -1079,6 +1079,20 @@ def test_permissions_are_enforced_for_other_users(shared_mount: Path) -> None:
     assert os.listxattr(mnt / "public") == []
 
 
+def test_trusted_xattr_names_are_hidden_from_other_users(shared_mount: Path) -> None:
+    """Regression: a user listed root's trusted.* names, which the kernel then refuses
+    to read (ENODATA): rsync -X as that user failed (exit 23) where on ext4, which lists
+    them only to CAP_SYS_ADMIN, it copies the rest."""
+    mnt = shared_mount
+    os.chmod(mnt, 0o755)
+    (mnt / "f").write_bytes(b"")
+    for name in ("user.u", "trusted.t", "security.s"):
+        os.setxattr(mnt / "f", name, b"v")
+    probe = "import os, sys; print(sorted(os.listxattr(f'/proc/self/fd/{sys.argv[1]}/f')))"
+    assert run_as_user(mnt, probe).split() == ["['security.s',", "'user.u']"]
+    assert sorted(os.listxattr(mnt / "f")) == ["security.s", "trusted.t", "user.u"]
+
+
 OPEN_USERS_WITH_O_TRUNC = """
 import os, sys
 os.close(os.open("users", os.O_WRONLY | os.O_TRUNC, dir_fd=int(sys.argv[1])))

@@ -536,6 +536,20 @@ async def test_xattrs(volume_store: ObjectStore) -> None:
         await expect(errno.ENODATA, v.getxattr(f, b"user.b"))
 
 
+async def test_trusted_xattr_names_are_listed_only_to_the_privileged(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: trusted.* names were listed to every caller. ext4 lists them only to
+    CAP_SYS_ADMIN, and the kernel answers an unprivileged getxattr of one with ENODATA,
+    so rsync -X run by a user failed on every file root had marked (exit 23)."""
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f")
+        for name in (b"user.u", b"trusted.t", b"security.s"):
+            await v.setxattr(f, name, b"v")
+        assert await v.listxattr(f) == [b"security.s", b"trusted.t", b"user.u"]
+        assert await v.listxattr(f, privileged=False) == [b"security.s", b"user.u"]
+
+
 async def test_xattr_names_stop_where_listxattr_could_no_longer_list_them(
     volume_store: ObjectStore,
 ) -> None:
