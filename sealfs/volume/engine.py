@@ -77,6 +77,8 @@ _ACL_HEADER = struct.Struct("<I")
 _ACL_ENTRY = struct.Struct("<HHI")
 _ACL_VERSION = 2
 _ACL_MODE_TAGS = (0x01, 0x04, 0x20)  # ACL_USER_OBJ, ACL_GROUP_OBJ, ACL_OTHER
+# Records after which a directory's listing is no longer its names (op[1] names it).
+_LISTING_CHANGES = (ops.LINK, ops.UNLINK, ops.DEL_INODE)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -118,6 +120,9 @@ class Volume:
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         self._opens: dict[int, int] = {}
+        # Sorted names of each directory listed since it last changed: the listing every
+        # pass of readdir that begins meanwhile takes (see readdir), one copy for them all.
+        self._listings: dict[int, list[bytes]] = {}
         self._relieving = False
         # While early flushes fail because the store's disk is full (ENOSPC) or the store
         # was given up on after --store-timeout (EIO): writers past max_buffered get this
@@ -254,6 +259,8 @@ class Volume:
 
     def _record(self, op: ops.Op) -> None:
         self.commits.record(op)
+        if op[0] in _LISTING_CHANGES:
+            self._listings.pop(op[1], None)  # a directory whose names changed, or is gone
 
     def _attr(self, inode: Inode) -> Attr:
         return attr_of(inode, self.files.buffered_in(inode.ino))
@@ -730,7 +737,7 @@ class Volume:
         directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
         entries = (directory.entries if directory is not None else None) or {}
         if start == 0:
-            handle.names = sorted(entries)
+            handle.names = self._listing(handle.ino) if entries else []
         names = handle.names
         out = []
         for index in range(start, len(names)):
@@ -742,6 +749,20 @@ class Volume:
                 if limit is not None and len(out) >= limit:
                     break
         return out
+
+    def _listing(self, ino: int) -> list[bytes]:
+        """The sorted names of directory ino as they are now, shared and never changed.
+
+        Each pass used to sort a copy of its own and keep it while the handle stayed
+        open: 500 handles on a directory of 200,000 entries took 770 MB of memory. A
+        record that links or unlinks a name in the directory drops its listing.
+        """
+        names = self._listings.get(ino)
+        if names is None:
+            entries = self._dir(ino).entries
+            assert entries is not None
+            names = self._listings[ino] = sorted(entries)
+        return names
 
     async def releasedir(self, fh: int) -> None:
         self._handles.pop(fh, None)
