@@ -9,6 +9,7 @@ single fetch.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from dataclasses import dataclass
@@ -124,6 +125,9 @@ class Chunks:
         self._volume_id = volume_id
         self._keys = keys
         self._limiter = limiter
+        # For threads that hold a token of limiter already: not trio's default limiter,
+        # which the flushes' CDC passes fill when a commit carries many files.
+        self._unbounded = trio.CapacityLimiter(math.inf)
         self.cache = PlainCache(cache_bytes)
         self._inflight: dict[bytes, trio.Event] = {}
         # Prefetches leave RESERVED_WORKERS of the workers to other work (see prefetch),
@@ -193,7 +197,7 @@ class Chunks:
         """
         async with self._limiter:
             try:
-                return await trio.to_thread.run_sync(work, pieces, known)
+                return await trio.to_thread.run_sync(work, pieces, known, limiter=self._unbounded)
             except StoreUnavailableError:
                 on_unavailable()
                 raise
