@@ -169,7 +169,7 @@ class Chunks:
         self,
         plaintext: bytes | memoryview,
         known: Container[bytes],
-        on_unavailable: Callable[[], None] = lambda: None,
+        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
     ) -> StoredChunk:
         """Make sure a chunk with this content is in the store (skipping known ids).
 
@@ -184,11 +184,11 @@ class Chunks:
         work: Callable[[P, Container[bytes]], R],
         pieces: P,
         known: Container[bytes],
-        on_unavailable: Callable[[], None],
+        on_unavailable: Callable[[StoreUnavailableError], None],
     ) -> R:
         """Run a sealing and uploading job in a worker thread.
 
-        on_unavailable runs when the job gave up on the store, before its worker
+        on_unavailable gets the error when the job gave up on the store, before its worker
         goes to the next job waiting for one: a caller that then cancels its other
         jobs stops them before any begins a request of its own. (Uploads sent
         together to a stalled service give up together: with the worker handed
@@ -198,8 +198,8 @@ class Chunks:
         async with self._limiter:
             try:
                 return await trio.to_thread.run_sync(work, pieces, known, limiter=self._unbounded)
-            except StoreUnavailableError:
-                on_unavailable()
+            except StoreUnavailableError as exc:
+                on_unavailable(exc)
                 raise
 
     def _open(self, chunk_id: bytes, sealed: bytes) -> bytes:
@@ -222,7 +222,7 @@ class Chunks:
         self,
         pieces: list[bytes],
         known: Container[bytes],
-        on_unavailable: Callable[[], None] = lambda: None,
+        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
     ) -> list[StoredChunk]:
         """store() for many small pieces at once (thread hops dominate for small files)."""
         results = await self._upload(self._seal_and_put_many, pieces, known, on_unavailable)

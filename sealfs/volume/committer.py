@@ -339,6 +339,13 @@ class Committer:
         """
         failure: list[BaseException] = []
 
+        def gave_up(exc: StoreUnavailableError) -> None:
+            # Kept here, not only where its flush ends: that flush may end with another
+            # error that came first (a damaged neighbour read for merging), retry, and
+            # be cancelled; the commit would then publish without the flushes it stopped.
+            failure.append(exc)
+            nursery.cancel_scope.cancel()
+
         def failed(exc: BaseException) -> None:
             if not isinstance(exc, Exception):
                 raise exc
@@ -348,9 +355,7 @@ class Committer:
 
         async def one(job: Detached) -> None:
             try:
-                tail = await self._files.flush(
-                    job, batch, keep_tail=False, on_unavailable=nursery.cancel_scope.cancel
-                )
+                tail = await self._files.flush(job, batch, keep_tail=False, on_unavailable=gave_up)
             except BaseException as exc:
                 self._files.finish(job, None, failed=True)
                 failed(exc)
@@ -359,7 +364,7 @@ class Committer:
 
         async def small(group: list[tuple[Detached, int, bytes]]) -> None:
             try:
-                await self._files.flush_small(group, batch, nursery.cancel_scope.cancel)
+                await self._files.flush_small(group, batch, gave_up)
             except BaseException as exc:
                 for job, _, _ in group:
                     self._files.finish(job, None, failed=True)

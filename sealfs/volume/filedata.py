@@ -31,7 +31,13 @@ from typing import Any
 import trio
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
-from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError, first_leaf
+from sealfs.errors import (
+    FormatError,
+    IntegrityError,
+    ObjectNotFoundError,
+    StoreUnavailableError,
+    first_leaf,
+)
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
@@ -295,7 +301,7 @@ class FileData:
         self,
         group: list[tuple[Detached, int, bytes]],
         sink: list[ops.Op],
-        on_unavailable: Callable[[], None] = lambda: None,
+        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
     ) -> None:
         """Seal many small files in one worker-thread call, then record each of them.
 
@@ -325,7 +331,7 @@ class FileData:
         sink: list[ops.Op],
         *,
         keep_tail: bool,
-        on_unavailable: Callable[[], None] = lambda: None,
+        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
     ) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
@@ -333,8 +339,9 @@ class FileData:
         keep_tail asks for it, so that a streaming writer is cut as in one pass).
         Without keep_tail the last chunk is cut at the end of the data; it is
         remembered as the file's forced cut, for the next flush to re-chunk.
-        on_unavailable is called as soon as an upload gives up on the store
-        (StoreUnavailableError), before the uploads still running end.
+        on_unavailable gets the StoreUnavailableError as soon as an upload gives up
+        on the store, before the uploads still running end (the flush itself may
+        end with another error, or be cancelled).
         Raises StoreError and friends; then nothing was recorded for this file.
         """
         inode = job.inode
@@ -368,7 +375,7 @@ class FileData:
         regions: list[Region],
         *,
         keep_tail: bool,
-        on_unavailable: Callable[[], None],
+        on_unavailable: Callable[[StoreUnavailableError], None],
     ) -> tuple[dict[bytes, ChunkInfo], list[ops.Op], SparseBuffer, Extent | None]:
         """Seal each region; return the new chunks, the data records, the kept tail and
         the file's forced cut after them. Records nothing (the caller does)."""
@@ -422,7 +429,7 @@ class FileData:
         *,
         at_eof: bool,
         keep_tail: bool,
-        on_unavailable: Callable[[], None],
+        on_unavailable: Callable[[StoreUnavailableError], None],
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []

@@ -33,8 +33,8 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume import committer
-from sealfs.volume.chunks import RESERVED_WORKERS
+from sealfs.volume import committer, filedata
+from sealfs.volume.chunks import RESERVED_WORKERS, chunk_name
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_engine import (
@@ -435,6 +435,69 @@ async def test_no_upload_begins_once_a_wave_of_them_gave_up_on_the_store(
         store.put = memory_store.put  # type: ignore[method-assign]
         await v.fsync()
     assert len(load(memory_store).inodes) == count + 1
+
+
+class DamagedNeighbourStore:
+    """Wraps a store that stopped answering, where one old chunk reads back damaged:
+    chunk puts give up on the store (as RetryingStore does after the store timeout)
+    once a flush has read that chunk, so that its IntegrityError comes first."""
+
+    def __init__(self, inner: MemoryStore, damaged: str) -> None:
+        self.inner = inner
+        self.damaged = damaged
+        self.read = threading.Event()
+        self.down = True
+
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        data = self.inner.get(name, max_size)
+        if name == self.damaged and self.down:
+            self.read.set()
+            return data[:-1] + bytes([data[-1] ^ 1])
+        return data
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/") and self.down:
+            assert self.read.wait(10), "the flush never read its damaged neighbour"
+            time.sleep(0.2)  # the neighbour's IntegrityError reaches the flush first
+            raise StoreUnavailableError("unreachable for the whole store timeout")
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_an_upload_giving_up_fails_the_commit_when_a_merge_read_failed_first(
+    memory_store: MemoryStore, kdf_params: Argon2Params, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an upload that gave up on the store cancelled the commit's flushes.
+    A flush whose merge read had just met a damaged old chunk raised that error instead
+    (the first of its nursery's), retried unmerged, was cancelled at once, and nothing
+    was left to say that the commit failed: its segment was published without the
+    file's new bytes and fsync succeeded; a crash then lost them."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    size = filedata.WINDOW + (1 << 20)
+    async with session(memory_store, **QUIET) as v:
+        ino = await mkfile(v, ROOT_INO, b"f", os.urandom(size))
+        await v.fsync()
+        extents = v.inode(ino).extents
+        assert extents is not None
+        last = extents.covering(size - 1)
+        assert last is not None and last.length > 64 << 10
+    # The flush below uploads its first window's chunks all at once, then reads the old
+    # bytes after its write to merge them: a piece of the last chunk, damaged.
+    monkeypatch.setattr(filedata, "MAX_JOBS", 64)
+    store = DamagedNeighbourStore(memory_store, chunk_name(last.chunk))
+    new = os.urandom(size - (10 << 10))
+    async with mounted(store, io_threads=32, **QUIET) as v:  # type: ignore[arg-type]
+        await write_at(v, ino, 0, new)
+        with pytest.raises(StoreUnavailableError):
+            await v.fsync()
+        assert store.read.is_set()
+        store.down = False
+        await v.fsync()
+        assert (await read_all(v, ino))[: len(new)] == new
+    async with session(memory_store, **QUIET) as v:
+        assert (await read_all(v, ino))[: len(new)] == new
 
 
 async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
