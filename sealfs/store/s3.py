@@ -74,6 +74,7 @@ _TRANSIENT_CODES = frozenset({
     "ConditionalRequestConflict", "PriorRequestNotComplete", "RequestTimeoutException",
     "InternalServerError", "BadGateway", "GatewayTimeout", "500", "502", "503", "504",
     "IncompleteBody",  # 400: the request's body was cut short in transit
+    "BadDigest",  # 400: the body's checksum did not match: it was damaged in transit
 })  # fmt: skip
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})

@@ -17,8 +17,10 @@ S3-compatible services do (Backblaze B2's answer).
 
 Refusals, never in the default mix (set_faults(rate, [kind]) only): error
 documents S3 answers with that are not a server's trouble, or not only that:
-skewed (403 RequestTimeTooSkewed: this host's clock is off) and incomplete
-(400 IncompleteBody: the request's body was cut short in transit). And flip:
+skewed (403 RequestTimeTooSkewed: this host's clock is off), incomplete
+(400 IncompleteBody: the request's body was cut short in transit) and baddigest
+(400 BadDigest: the body's checksum did not match, it was damaged in transit).
+And flip:
 forward a GET, then answer with one byte of its body changed (what the
 object's checksum, not TCP's, catches).
 """
@@ -37,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FAULTS = ("drop", "drop_after", "error_after", "500", "503", "slowdown", "delay", "cut")
-REFUSALS = ("skewed", "incomplete", "flip")
+REFUSALS = ("skewed", "incomplete", "baddigest", "flip")
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
     "upgrade", "expect", "content-length",
@@ -55,6 +57,11 @@ ERROR_BODIES = {
         400,
         "IncompleteBody",
         "You did not provide the number of bytes specified by the Content-Length HTTP header",
+    ),
+    "baddigest": (
+        400,
+        "BadDigest",
+        "The CRC32 you specified did not match the calculated checksum.",
     ),
     "checksum": (
         400,

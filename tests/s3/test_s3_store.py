@@ -220,6 +220,20 @@ def test_a_body_cut_short_in_transit_is_transient(
         store.put("c/ab/x", os.urandom(4096))
 
 
+def test_a_body_damaged_in_transit_is_transient_not_a_refused_header(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # S3 answers 400 BadDigest ("The CRC32 you specified did not match the calculated
+    # checksum") when the body that arrived is not the one boto3 sent: the service
+    # checks the header, so it was the link's trouble. It was reported as a service
+    # refusing the checksum headers, naming the setting that turns the check off.
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["baddigest"])
+    with pytest.raises(TransientStoreError, match="BadDigest") as info:
+        store.put("c/ab/x", os.urandom(4096))
+    assert "when_required" not in str(info.value)
+
+
 def test_a_clock_off_is_not_reported_as_access_denied(
     moto: str, bucket: str, proxy: FaultProxy
 ) -> None:
