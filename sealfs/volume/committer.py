@@ -133,6 +133,9 @@ class Committer:
         self.committing: list[ops.Op] = []
         self._lock = trio.Lock()  # one commit at a time
         self.gate = trio.Lock()  # held by partial flushes; a commit's cut waits for them
+        # The last early flush that gave up on the store: a commit that waited for it fails
+        # with it.
+        self._early_gave_up: StoreUnavailableError | None = None
         self._wake = trio.Event()
         self._started = 0
         self._finished = 0
@@ -244,7 +247,13 @@ class Committer:
                 self._done = trio.Event()
 
     async def _commit(self, extra: list[ops.Op]) -> None:
+        gave_up = self._early_gave_up
         async with self.gate:
+            if self._early_gave_up is not gave_up and self._early_gave_up is not None:
+                # An early flush that this commit waited for gave up on the store: the
+                # commit's uploads would each wait the whole store timeout again (as
+                # those of its other files would, see _flush_all). Nothing is taken yet.
+                raise StoreUnavailableError(str(self._early_gave_up))
             batch, self.pending = self.pending, []
             self.committing = batch
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
@@ -319,8 +328,10 @@ class Committer:
         produced: list[ops.Op] = []
         try:
             tail = await self._files.flush(job, produced, keep_tail=True)
-        except BaseException:
+        except BaseException as exc:
             self._files.finish(job, None, failed=True)
+            if isinstance(exc, StoreUnavailableError):
+                self._early_gave_up = exc
             raise
         self._files.finish(job, tail, failed=False)
         if ino not in self._live.inodes:

@@ -500,6 +500,69 @@ async def test_an_upload_giving_up_fails_the_commit_when_a_merge_read_failed_fir
         assert (await read_all(v, ino))[: len(new)] == new
 
 
+class HeldStore:
+    """Wraps a store that stopped answering: chunk puts wait until released, then give
+    up on it (as RetryingStore does after the store timeout); counts those begun after
+    the first gave up."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.gave_up = threading.Event()
+        self.held = 0
+        self.late = 0
+        self._lock = threading.Lock()
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/"):
+            with self._lock:
+                late = self.gave_up.is_set()
+                self.late += late
+                self.held += not late
+            if not late:
+                assert self.release.wait(10), "never released"
+                self.gave_up.set()
+            raise StoreUnavailableError("unreachable for the whole store timeout")
+        self.inner.put(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_upload(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: an fsync that came while an early flush (past flush_threshold) was
+    uploading to a stalled store waited for that flush to give up, then sent the
+    commit's own uploads, which waited the whole store timeout again: a 40 MiB
+    checkpoint written and fsynced got EIO after twice --store-timeout (24 s of 12)."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = HeldStore(memory_store)
+    options = {"flush_threshold": 1 << 20, "max_buffered": 64 << 20, **QUIET}
+    async with mounted(store, **options) as v:  # type: ignore[arg-type]
+        data = os.urandom(3 << 20)
+        ino = await mkfile(v, ROOT_INO, b"f", data)  # starts an early flush
+        await wait_until(lambda: store.held > 0)
+        failed: list[BaseException] = []
+
+        async def fsync() -> None:
+            try:
+                await v.fsync()
+            except StoreUnavailableError as exc:
+                failed.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fsync)
+            await wait_until(lambda: v.commits.gate.statistics().tasks_waiting > 0)
+            store.release.set()
+        assert failed
+        assert store.late == 0
+        store.put = memory_store.put  # type: ignore[method-assign]
+        await v.fsync()
+        assert await read_all(v, ino) == data
+    assert load(memory_store).inodes[ino].size == 3 << 20
+
+
 async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
     faulty: FaultyStore,
 ) -> None:
