@@ -138,6 +138,7 @@ class Committer:
         self._early_gave_up: StoreUnavailableError | None = None
         self._wake = trio.Event()
         self._started = 0
+        self._cut = 0  # commits that have taken their cut (_started, or one less)
         self._finished = 0
         self._wanted = 0  # sync() callers wait for the commit with this number
         self._done = trio.Event()
@@ -184,7 +185,12 @@ class Committer:
             raise self.stopped
         if not self.has_work() and not self._lock.locked():
             return  # everything recorded so far is committed
-        target = self._started + 1
+        # A commit that has not taken its cut yet (it waits for an early flush to let go
+        # of the gate) will carry everything recorded so far: wait for that one alone.
+        # Waiting for the one after it too made a checkpoint's fsync carry whatever a
+        # streaming writer wrote meanwhile, a second commit's worth.
+        taking = self._lock.locked() and self._cut < self._started
+        target = self._started if taking else self._started + 1
         self._wanted = max(self._wanted, target)
         while self._finished < target:
             if self.stopped is not None:
@@ -255,6 +261,7 @@ class Committer:
                 # those of its other files would, see _flush_all). Nothing is taken yet.
                 raise StoreUnavailableError(str(self._early_gave_up))
             batch, self.pending = self.pending, []
+            self._cut = self._started
             self.committing = batch
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
         for op in extra:

@@ -173,6 +173,75 @@ async def test_fsync_during_a_commit_that_took_its_data_waits_for_that_commit(
             assert b"f" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
 
 
+class ValvedStore:
+    """Wraps a store: chunk puts wait while `chunks` is shut; once `segments_shut()` is
+    called, each segment create waits for one `let_segment()`."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.chunks = threading.Event()
+        self.chunks.set()
+        self._segments: threading.Semaphore | None = None
+        self.chunks_waiting = 0
+        self.segments_waiting = 0
+
+    def segments_shut(self) -> None:
+        self._segments = threading.Semaphore(0)
+
+    def let_segment(self, count: int = 1) -> None:
+        assert self._segments is not None
+        self._segments.release(count)
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/") and not self.chunks.is_set():
+            self.chunks_waiting += 1
+            assert self.chunks.wait(30), "chunk puts never let through"
+        self.inner.put(name, data)
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        gate = self._segments
+        if name.startswith(SEGMENT_PREFIX) and gate is not None:
+            self.segments_waiting += 1
+            assert gate.acquire(timeout=30), "segment create never let through"
+        self.inner.put_if_absent(name, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_an_fsync_while_a_commit_waits_for_an_early_flush_joins_that_commit(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: a commit waiting for an early flush (a streaming writer's) has not
+    taken its cut yet, so it will carry what a caller wrote before an fsync made then.
+    That fsync waited for the commit after it too, which carried whatever the streaming
+    writer had written meanwhile: a checkpoint's fsync paid for two commits."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = ValvedStore(memory_store)
+    async with session(store, **QUIET) as v:  # type: ignore[arg-type]
+        big = await mkfile(v, ROOT_INO, b"big", os.urandom(2 << 20))
+        store.chunks.clear()
+        async with trio.open_nursery() as nursery:
+            try:  # the valves open inside: a failure must not leave a commit stuck
+                nursery.start_soon(v.commits.relieve_pressure)  # holds the gate, stalled
+                await wait_until(lambda: store.chunks_waiting > 0)
+                first = await fsync_in_background(v, nursery)  # its commit waits at the gate
+                await mkfile(v, ROOT_INO, b"checkpoint", b"state")
+                done = await fsync_in_background(v, nursery)
+                store.segments_shut()
+                store.chunks.set()
+                await wait_until(lambda: store.segments_waiting > 0)  # that commit has cut
+                await write_at(v, big, 2 << 20, os.urandom(1 << 20))  # for the next commit
+                store.let_segment()
+                await first.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                assert done.is_set()  # not waiting for the next commit, stalled now
+            finally:
+                store.chunks.set()
+                store.let_segment(100)
+    assert b"checkpoint" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
+
+
 class UnsyncedStore(MemoryStore):
     """A memory store that tracks what a power cut could still lose: the objects written
     since its last sync, and each segment created while chunks were among them."""
