@@ -48,6 +48,7 @@ from sealfs.meta.codec import (
 )
 from sealfs.meta.compact import compact
 from sealfs.store.base import ObjectStore
+from sealfs.volume.chunks import RESERVED_WORKERS
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
 
@@ -399,7 +400,10 @@ class Committer:
                     nursery.start_soon(one, job)
                 else:
                     smalls.append((job, *piece))
-            size = small_batch_size(len(smalls), int(self._limiter.total_tokens))
+            # Not over the workers kept for demand reads: each batch holds its worker for
+            # a store round trip per file, and a read of another file waited for a batch.
+            workers = int(self._limiter.total_tokens) - RESERVED_WORKERS
+            size = small_batch_size(len(smalls), workers)
             for k in range(0, len(smalls), size):
                 nursery.start_soon(small, smalls[k : k + size])
         if failure:
@@ -558,9 +562,10 @@ def small_batch_size(count: int, workers: int) -> int:
     A worker seals and uploads its batch one file after another, so a batch
     costs a store round trip per file. 300 small files made two batches, one
     worker sent 256 PUTs in a row while six others stood idle, and the fsync
-    waited 15.6 s behind 25 ms of latency each way. Spread over every worker
+    waited 15.6 s behind 25 ms of latency each way. Spread over the workers
     (at most SMALL_BATCH each, still one thread hop per batch on a local store)
-    the same commit sends eight PUTs at a time.
+    the same commit sends eight PUTs at a time. The caller leaves out the
+    workers kept for demand reads (RESERVED_WORKERS), as prefetches do.
     """
     return max(1, min(SMALL_BATCH, -(-count // max(1, workers))))
 
