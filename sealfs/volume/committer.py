@@ -265,6 +265,8 @@ class Committer:
             self._cut = self._started
             self.committing = batch
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
+            if jobs:
+                self._files.wake_space_waiters()  # writers waiting for dirty files to be taken
         for op in extra:
             record(self._live, batch, op)
         try:

@@ -125,6 +125,11 @@ class FileData:
     def has_dirty(self) -> bool:
         return bool(self._dirty)
 
+    @property
+    def dirty_files(self) -> int:
+        """Files with dirty bytes (not yet taken by a flush)."""
+        return len(self._dirty)
+
     # -- writes and truncation ---------------------------------------------------------
 
     def write(self, inode: Inode, offset: int, data: bytes) -> None:

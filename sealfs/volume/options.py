@@ -14,3 +14,4 @@ class VolumeOptions:
     chunk_cache_bytes: int = 32 << 20  # decrypted chunks kept in memory
     flush_threshold: int = 32 << 20  # buffered bytes that start an early flush
     max_buffered: int = 64 << 20  # buffered bytes at which writers wait
+    max_dirty_files: int = 2048  # files with unsealed bytes at which writers wait

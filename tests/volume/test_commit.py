@@ -1049,6 +1049,51 @@ async def test_fsync_waiting_behind_a_fenced_commit_fails_instead_of_hanging(
 PRESSURE = {"flush_threshold": 512 * 1024, "max_buffered": 1 << 20, **QUIET}
 
 
+async def test_writers_wait_while_a_commit_stores_its_quota_of_small_files(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: only bytes held writers back, so a tree copy buffered 64 MiB of small
+    files (about 8,000) while a commit stored the previous 8,000, a PUT each: behind
+    30 ms per request each commit took 36-58 s, and a checkpoint's fsync, which waits
+    for the commit in flight and the next, up to 156 s. Past max_dirty_files, writers
+    now wait for a commit to take the files, so a commit carries about that many."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = GatedStore(memory_store)
+    quota = 8
+    async with session(store, max_dirty_files=quota, **QUIET) as v:  # type: ignore[arg-type]
+        written: list[int] = []
+        carried: list[int] = []
+        flush_all = v.commits._flush_all
+
+        async def counted(jobs: list[Any], batch: Any) -> None:
+            carried.append(len(jobs))  # the files a commit stores
+            await flush_all(jobs, batch)
+
+        v.commits._flush_all = counted  # type: ignore[method-assign]
+
+        async def copy_tree() -> None:
+            for k in range(6 * quota):
+                await mkfile(v, ROOT_INO, b"f%d" % k, b"small file %d " % k * 40)
+                written.append(k)
+
+        await mkfile(v, ROOT_INO, b"first", b"first file")
+        store.close_gate()
+        async with trio.open_nursery() as nursery:
+            try:  # the gate opens inside: a failure must not leave the commit stuck at it
+                nursery.start_soon(v.commits.commit)
+                await wait_until(lambda: store.waiting > 0)  # a commit is storing a file
+                nursery.start_soon(copy_tree)
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(written) <= quota + 1  # the copy waits for that commit
+            finally:
+                store.open_gate()
+        await v.fsync()
+        assert len(written) == 6 * quota
+        assert max(carried) <= quota + 1
+    state = load(memory_store)
+    assert len(state.inodes[ROOT_INO].entries or {}) == 6 * quota + 1
+
+
 async def test_writers_waiting_for_buffer_space_fail_once_the_volume_is_fenced(
     volume_store: MemoryStore,
 ) -> None:
