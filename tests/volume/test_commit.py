@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -639,24 +640,30 @@ async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_uploa
     checkpoint written and fsynced got EIO after twice --store-timeout (24 s of 12)."""
     create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     store = HeldStore(memory_store)
-    options = {"flush_threshold": 1 << 20, "max_buffered": 64 << 20, **QUIET}
-    async with mounted(store, **options) as v:  # type: ignore[arg-type]
+    async with mounted(store, **QUIET) as v:  # type: ignore[arg-type]
         data = os.urandom(3 << 20)
-        ino = await mkfile(v, ROOT_INO, b"f", data)  # starts an early flush
-        await wait_until(lambda: store.held > 0)
+        ino = await mkfile(v, ROOT_INO, b"f", data)
         failed: list[BaseException] = []
 
-        async def fsync() -> None:
+        async def run(call: Callable[[], Awaitable[object]]) -> None:
             try:
-                await v.fsync()
+                await call()
             except StoreUnavailableError as exc:
                 failed.append(exc)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(fsync)
+            # The early flush a writer past flush_threshold starts, here without the
+            # writer's retry loop, whose next attempt would upload again.
+            nursery.start_soon(run, v.commits.relieve_pressure)
+            # Every chunk of that flush (all but the last, kept back) on its way: none of
+            # its own puts begins once the first gave up, only the commit's could.
+            chunks = len(v._chunker.cut(memoryview(data))) - 1
+            assert chunks >= 1
+            await wait_until(lambda: store.held == chunks)
+            nursery.start_soon(run, v.fsync)
             await wait_until(lambda: v.commits.gate.statistics().tasks_waiting > 0)
             store.release.set()
-        assert failed
+        assert len(failed) == 2  # the early flush and the fsync
         assert store.late == 0
         store.put = memory_store.put  # type: ignore[method-assign]
         await v.fsync()
