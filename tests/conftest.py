@@ -64,6 +64,17 @@ def memory_store() -> ObjectStore:
 VolumeFactory = Callable[..., Any]
 
 
+class WrappedStore:
+    """Base of the test stores that wrap another to intercept some of its calls: what a
+    subclass does not define goes to the inner store."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 @asynccontextmanager
 async def mounted(store: ObjectStore, **options: Any) -> AsyncIterator[Volume]:
     """Open, claim and run a volume on store; unmounts cleanly on exit."""

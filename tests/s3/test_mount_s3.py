@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,16 +353,21 @@ def test_no_canary_in_any_key_or_body_of_the_bucket(s3_env: S3VolumeEnv, bucket:
             assert form not in env.log.read_bytes(), canary
 
 
+def init_through(proxy: FaultProxy, bucket: str, tmp_path: Path) -> Any:
+    """`sealfs init` of s3://BUCKET/vol through the proxy, its recovery key to a file."""
+    passfile = tmp_path / "pass"
+    write_secret(passfile, PASSPHRASE + "\n")
+    return sealfs(
+        "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
+        str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
+    )  # fmt: skip
+
+
 def test_init_refuses_a_service_that_ignores_if_none_match(
     tmp_path: Path, bucket: str, proxy: FaultProxy
 ) -> None:
     proxy.strip_if_none_match = True
-    passfile = tmp_path / "pass"
-    write_secret(passfile, PASSPHRASE + "\n")
-    result = sealfs(
-        "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
-        str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
-    )  # fmt: skip
+    result = init_through(proxy, bucket, tmp_path)
     assert result.returncode == 2, result.stderr
     assert "ignores If-None-Match conditional writes" in result.stderr
     assert result.stderr.count("\n") == 1
@@ -375,12 +381,7 @@ def test_init_against_a_service_refusing_checksum_headers_names_the_setting(
     """Since botocore 1.36 every upload carries a CRC32 header, which some S3-compatible
     services refuse (400 InvalidArgument); the error named neither cause nor fix."""
     proxy.refuse_checksums = True
-    passfile = tmp_path / "pass"
-    write_secret(passfile, PASSPHRASE + "\n")
-    result = sealfs(
-        "init", f"s3://{bucket}/vol", "--s3-endpoint", proxy.url, "--passphrase-file",
-        str(passfile), "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF,
-    )  # fmt: skip
+    result = init_through(proxy, bucket, tmp_path)
     assert result.returncode != 0
     assert "refuses the checksum headers" in result.stderr, result.stderr
     assert "AWS_REQUEST_CHECKSUM_CALCULATION=when_required" in result.stderr

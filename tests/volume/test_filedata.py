@@ -23,7 +23,7 @@ from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.filedata import FRAGMENT, WINDOW, _Windows
 from sealfs.volume.loader import create_volume
-from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
 from tests.volume.test_engine import (
     GID,
     RW,
@@ -47,12 +47,12 @@ def _cached_unlock(monkeypatch: pytest.MonkeyPatch) -> None:
     install_cached_unlock(monkeypatch)
 
 
-class GatedStore:
+class GatedStore(WrappedStore):
     """Wraps a store; chunk puts and segment creates wait while the gate is closed (for
     racing a flush or a commit)."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.open = threading.Event()
         self.open.set()
         self.waiting = 0
@@ -75,9 +75,6 @@ class GatedStore:
     def put_if_absent(self, name: str, data: bytes) -> None:
         self._pass(name, "l/")
         self.inner.put_if_absent(name, data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
@@ -1099,11 +1096,11 @@ async def test_sequential_reads_prefetch_each_chunk_once(volume_store: ObjectSto
         assert len(prefetched) >= len(chunk_ids(v, ino)) - 2
 
 
-class StalledGets:
+class StalledGets(WrappedStore):
     """Wraps a store; while stalled, chunk gets wait (as on a slow link) and are counted."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.flowing = threading.Event()
         self.flowing.set()
         self.waiting = 0
@@ -1115,9 +1112,6 @@ class StalledGets:
                 self.waiting += 1
             assert self.flowing.wait(30), "the gets were never released"
         return self.inner.get(name, max_size)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def test_an_fsync_does_not_wait_behind_a_readers_prefetches(

@@ -41,6 +41,7 @@ from sealfs.store.faults import FaultyStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
 from sealfs.store.retry import RetryingStore
+from tests.conftest import WrappedStore
 from tests.volume.test_engine import GID, UID, W, assert_replay_equals_live
 from tests.volume.test_stateful import (
     PICK,
@@ -58,13 +59,13 @@ HANG = float(os.environ.get("SEALFS_FUZZ_HANG", "20"))
 WRITE_METHODS = ("put", "put_if_absent", "put_if_match", "delete")
 
 
-class Freezer:
+class Freezer(WrappedStore):
     """Forwards to inner until armed with n: the n-th write from then on (and every
     later one) finds the store dead, as a killed writer's store stops changing. The
     n-th write itself may land first (land=True), as a request the dying process sent."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._lock = threading.Lock()
         self.countdown: int | None = None
         self.land = False
@@ -108,9 +109,6 @@ class Freezer:
             if self.dead:
                 raise StoreUnavailableError("frozen store (the writer is dead)")
         self.inner.sync()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 READ_ERRORS = (StoreError, IntegrityError, FormatError)
