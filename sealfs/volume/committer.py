@@ -139,7 +139,7 @@ class Committer:
         self._early_gave_up: StoreUnavailableError | None = None
         self._wake = trio.Event()
         self._started = 0
-        self._cut = 0  # commits that have taken their cut (_started, or one less)
+        self._cut = 0  # commits that have taken their cut or ended (_started, or one less)
         self._finished = 0
         self._wanted = 0  # sync() callers wait for the commit with this number
         self._done = trio.Event()
@@ -249,6 +249,10 @@ class Committer:
                 self._failure = exc
                 raise
             finally:
+                # One that failed before its cut has none left to take: counted as taken,
+                # else the next commit, between taking the lock and counting itself, looked
+                # like one yet to take its cut, this one (see sync).
+                self._cut = self._started
                 self._finished = self._started
                 self._done.set()
                 self._done = trio.Event()

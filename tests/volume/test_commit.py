@@ -653,6 +653,45 @@ async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_uploa
     assert load(memory_store).inodes[ino].size == 3 << 20
 
 
+async def test_an_fsync_after_a_commit_failed_before_its_cut_waits_for_a_commit(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Regression: a commit that failed before its cut (it had waited for an early flush
+    that gave up on the store) left the count of cuts behind. The next commit, between
+    taking the commit lock and counting itself (the checkpoint in trio's Lock.acquire),
+    then looked like a commit yet to take its cut: one already finished. An fsync made
+    then returned at once, and said durable what no commit had carried."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = HeldStore(memory_store)
+    options = {"flush_threshold": 1 << 20, "max_buffered": 64 << 20, **QUIET}
+    async with mounted(store, **options) as v:  # type: ignore[arg-type]
+        await mkfile(v, ROOT_INO, b"f", os.urandom(3 << 20))  # starts an early flush
+        await wait_until(lambda: store.held > 0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(expect_unavailable, v)  # its commit waits at the gate
+            await wait_until(lambda: v.commits.gate.statistics().tasks_waiting > 0)
+            store.release.set()
+        store.put = memory_store.put  # type: ignore[method-assign]
+        await mkfile(v, ROOT_INO, b"checkpoint", b"state")
+        synced = trio.Event()
+
+        async def fsync() -> None:
+            await v.fsync()
+            synced.set()
+
+        # The next commit, not counted yet: it holds the lock.
+        async with trio.open_nursery() as nursery, v.commits._lock:
+            nursery.start_soon(fsync)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not synced.is_set()  # no commit has carried the checkpoint yet
+        assert b"checkpoint" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
+
+
+async def expect_unavailable(v: Any) -> None:
+    with pytest.raises(StoreUnavailableError):
+        await v.fsync()
+
+
 async def test_commit_failing_in_a_chunk_upload_raises_the_store_error_itself(
     faulty: FaultyStore,
 ) -> None:
