@@ -201,8 +201,10 @@ class Chunks:
 
         Jobs never take the last RESERVED_WORKERS workers, as prefetches do not: a
         demand read (or a commit's own step) finds one at once however many chunks
-        or batches of small files a commit has to store. Behind 30 ms per request,
-        a 4 KiB read waited 16-31 s during `cp -a` of 24,000 files.
+        or batches of small files a commit has to store, unless prefetches hold the
+        rest (each side may take io_threads, so that neither waits for the other).
+        Behind 30 ms per request, a 4 KiB read waited 16-31 s during `cp -a` of
+        24,000 files.
         """
         async with self._store_slots, self._limiter:
             try:
