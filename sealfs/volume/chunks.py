@@ -42,8 +42,8 @@ log = logging.getLogger("sealfs.volume")
 
 CHUNK_PREFIX = "c/"
 CHUNK_ID_SIZE = 32
-# Workers that prefetches never take, so that commits and demand reads find one at once
-# (the engine adds them to io_threads: readahead keeps io_threads fetches in flight).
+# Workers that neither prefetches nor uploads take, so that commits and demand reads
+# find one (the engine adds them to io_threads: each side keeps io_threads in flight).
 RESERVED_WORKERS = 2
 # A sealed chunk holds at most MAX_CHUNK payload bytes (zstd only where it saves),
 # so a larger object under a chunk's name is refused before it is read into memory.
@@ -108,6 +108,12 @@ class PlainCache:
 
 P = TypeVar("P")
 R = TypeVar("R")
+# Told when an upload gave up on the store (see Chunks._upload).
+OnUnavailable = Callable[[StoreUnavailableError], None]
+
+
+def ignore_unavailable(_: StoreUnavailableError) -> None:
+    """The default OnUnavailable: the upload's error reaches its caller anyway."""
 
 
 class Chunks:
@@ -173,7 +179,7 @@ class Chunks:
         self,
         plaintext: bytes | memoryview,
         known: Container[bytes],
-        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
+        on_unavailable: OnUnavailable = ignore_unavailable,
     ) -> StoredChunk:
         """Make sure a chunk with this content is in the store (skipping known ids).
 
@@ -188,7 +194,7 @@ class Chunks:
         work: Callable[[P, Container[bytes]], R],
         pieces: P,
         known: Container[bytes],
-        on_unavailable: Callable[[StoreUnavailableError], None],
+        on_unavailable: OnUnavailable,
     ) -> R:
         """Run a sealing and uploading job in a worker thread.
 
@@ -233,7 +239,7 @@ class Chunks:
         self,
         pieces: list[bytes],
         known: Container[bytes],
-        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
+        on_unavailable: OnUnavailable = ignore_unavailable,
     ) -> list[StoredChunk]:
         """store() for many small pieces at once (thread hops dominate for small files)."""
         results = await self._upload(self._seal_and_put_many, pieces, known, on_unavailable)

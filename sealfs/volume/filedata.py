@@ -31,18 +31,12 @@ from typing import Any
 import trio
 
 from sealfs.chunking.fastcdc import MAX_CHUNK, MIN_CHUNK, Chunker
-from sealfs.errors import (
-    FormatError,
-    IntegrityError,
-    ObjectNotFoundError,
-    StoreUnavailableError,
-    first_leaf,
-)
+from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError, first_leaf
 from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
 from sealfs.volume.buffers import BlockPool, SparseBuffer
-from sealfs.volume.chunks import AnyOf, Chunks
+from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, ignore_unavailable
 
 log = logging.getLogger("sealfs.volume")
 
@@ -306,7 +300,7 @@ class FileData:
         self,
         group: list[tuple[Detached, int, bytes]],
         sink: list[ops.Op],
-        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
+        on_unavailable: OnUnavailable = ignore_unavailable,
     ) -> None:
         """Seal many small files in one worker-thread call, then record each of them.
 
@@ -336,7 +330,7 @@ class FileData:
         sink: list[ops.Op],
         *,
         keep_tail: bool,
-        on_unavailable: Callable[[StoreUnavailableError], None] = lambda _: None,
+        on_unavailable: OnUnavailable = ignore_unavailable,
     ) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
@@ -380,7 +374,7 @@ class FileData:
         regions: list[Region],
         *,
         keep_tail: bool,
-        on_unavailable: Callable[[StoreUnavailableError], None],
+        on_unavailable: OnUnavailable,
     ) -> tuple[dict[bytes, ChunkInfo], list[ops.Op], SparseBuffer, Extent | None]:
         """Seal each region; return the new chunks, the data records, the kept tail and
         the file's forced cut after them. Records nothing (the caller does)."""
@@ -434,7 +428,7 @@ class FileData:
         *,
         at_eof: bool,
         keep_tail: bool,
-        on_unavailable: Callable[[StoreUnavailableError], None],
+        on_unavailable: OnUnavailable,
     ) -> tuple[list[Extent], bytes]:
         """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
         out: list[Extent] = []

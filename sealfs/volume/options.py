@@ -10,7 +10,7 @@ class VolumeOptions:
     commit_interval: float = 1.0  # seconds between background commits
     sync_on_close: bool = False  # close(2) waits for a commit
     read_only: bool = False
-    io_threads: int = 8  # store requests and sealing work in flight (plus 2 prefetches never take)
+    io_threads: int = 8  # store requests and sealing work in flight (plus RESERVED_WORKERS)
     chunk_cache_bytes: int = 32 << 20  # decrypted chunks kept in memory
     flush_threshold: int = 32 << 20  # buffered bytes that start an early flush
     max_buffered: int = 64 << 20  # buffered bytes at which writers wait
