@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 from typing import Any
@@ -41,6 +42,7 @@ def fake_aws_environment() -> None:
         os.environ.pop(name, None)
     if "SEALFS_TEST_CACHE_HOME" not in os.environ:  # default S3 caches stay out of ~/.cache
         home = tempfile.mkdtemp(prefix="sealfs-test-cache-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)  # every run left one in /tmp
         os.environ["SEALFS_TEST_CACHE_HOME"] = os.environ["XDG_CACHE_HOME"] = home
 
 
