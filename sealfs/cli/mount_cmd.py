@@ -341,8 +341,9 @@ def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
     return path, True
 
 
-def read_status(mountpoint: str) -> dict[str, object]:
-    """Ask a live mount for its status. Raises OSError (ENOTCONN for a dead daemon)."""
+def read_status(mountpoint: str | int) -> dict[str, object]:
+    """Ask a live mount (its path, or a descriptor of its root) for its status. Raises
+    OSError (ENOTCONN for a dead daemon)."""
     return dict(json.loads(os.getxattr(mountpoint, STATUS_XATTR.decode())))
 
 

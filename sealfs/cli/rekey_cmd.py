@@ -14,6 +14,7 @@ crash, it resumes; so does the next mount.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import os
@@ -32,7 +33,7 @@ from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import ConfigError, SealfsError, WriterConflictError
 from sealfs.fuse.mount import mounts
 from sealfs.fuse.operations import REKEY_XATTR
-from sealfs.keys.header import Keyslot, decode_header
+from sealfs.keys.header import Keyslot, VolumeHeader, decode_header
 from sealfs.keys.hsm import TokenKey, check_trusted_module, pkcs11_slot_maker
 from sealfs.keys.hsm import params_from_slot as token_params
 from sealfs.keys.kms import KmsClients, kms_slot_maker
@@ -49,9 +50,9 @@ from sealfs.keys.slots import (
     passphrase_slot_maker,
     recovery_slot_maker,
 )
-from sealfs.store.base import store_location
+from sealfs.store.base import ObjectStore, store_location
 from sealfs.volume.engine import Volume
-from sealfs.volume.header_io import read_header_version, write_header
+from sealfs.volume.header_io import HeaderVersion, read_header_version, write_header
 from sealfs.volume.loader import (
     Loaded,
     check_writer,
@@ -97,28 +98,20 @@ def run(args: argparse.Namespace) -> int:
     version = read_header_version(store)
     unlocked = unlock_header(args, version.data)
     loaded = load_unlocked(store, unlocked)
-    mountpoint = _live_mountpoint(loaded)
-    if mountpoint is not None:
-        _check_daemon_takes_keys(mountpoint)  # before the header changes
-    header = unlocked.header
-    if header.retired is None:
-        with kms_clients(args) as clients:
-            makers = _slot_makers(args, unlocked, clients)
-            data, master = begin_rekey(unlocked, makers)
-        write_header(store, version, data)
-        header = decode_header(data)
-        dropped = sorted(s.slot_id for s in unlocked.header.slots if s.slot_id not in makers)
-        print(f"Key epoch {header.data_epoch}: new master key written to the header.", end="")
-        print(f" Dropped keyslots: {', '.join(map(str, dropped))}." if dropped else "")
-    else:
-        master = unlocked.master_key  # its slots already open the new key
-        print(f"Resuming the rekey to key epoch {header.data_epoch}.")
-    if mountpoint is not None:
-        os.setxattr(mountpoint, REKEY_XATTR.decode(), master)
+    with contextlib.ExitStack() as held:
+        live = _live_mountpoint(loaded)
+        if live is not None:
+            held.callback(os.close, live.root)
+            _check_daemon_takes_keys(live)  # before the header changes
+        master, header = _new_epoch(args, unlocked, store, version)
+        if live is not None:
+            # Through the root opened above, never by path: see LiveMount.
+            os.setxattr(live.root, REKEY_XATTR.decode(), master)
+    if live is not None:
         if args.no_wait:
-            print(f"The daemon of {mountpoint} re-encrypts in the background.")
+            print(f"The daemon of {live.path} re-encrypts in the background.")
             return 0
-        progress = _follow_mount(mountpoint)
+        progress = _follow_mount(live.path)
     else:
         if loaded.keys.retired_epoch is None:  # started just now: same state, new keys
             loaded.keys.advance(header.data_epoch, derive_subkeys(master, header.volume_id))
@@ -131,6 +124,26 @@ def run(args: argparse.Namespace) -> int:
         f" ({progress.resealed_bytes / 1e6:.1f} MB) re-encrypted in {progress.seconds():.1f} s."
     )
     return 0
+
+
+def _new_epoch(
+    args: argparse.Namespace, unlocked: Unlocked, store: ObjectStore, version: HeaderVersion
+) -> tuple[bytes, VolumeHeader]:
+    """The new master key and the header naming its epoch: written now, or (a rekey
+    that was stopped) the one the store holds already."""
+    header = unlocked.header
+    if header.retired is not None:
+        print(f"Resuming the rekey to key epoch {header.data_epoch}.")
+        return unlocked.master_key, header  # its slots already open the new key
+    with kms_clients(args) as clients:
+        makers = _slot_makers(args, unlocked, clients)
+        data, master = begin_rekey(unlocked, makers)
+    write_header(store, version, data)
+    header = decode_header(data)
+    dropped = sorted(s.slot_id for s in unlocked.header.slots if s.slot_id not in makers)
+    print(f"Key epoch {header.data_epoch}: new master key written to the header.", end="")
+    print(f" Dropped keyslots: {', '.join(map(str, dropped))}." if dropped else "")
+    return master, header
 
 
 def _slot_makers(
@@ -176,8 +189,26 @@ def _carry(
     return None
 
 
-def _live_mountpoint(loaded: Loaded) -> str | None:
-    """The mountpoint of the live writer on this host; None if no writer is live."""
+@dataclasses.dataclass(frozen=True)
+class LiveMount:
+    """The live mount of the volume's writer: its path, and its root, held open.
+
+    The new master key goes to the daemon as an xattr of the mount's root. Set
+    by path, it went wherever the path led by then: a mount unmounted meanwhile
+    (the slot re-wrapping, an Argon2 run or a KMS call, takes seconds) left
+    the key in the xattrs of the plain directory under it, on local disk, where
+    every user who can read that directory could read it. A descriptor of the
+    root always reaches the mount (ENOTCONN once its daemon is gone), and while
+    it is open a plain unmount fails as busy.
+    """
+
+    path: str
+    root: int
+
+
+def _live_mountpoint(loaded: Loaded) -> LiveMount | None:
+    """The live writer's mount on this host, its root held open (the caller closes it);
+    None if no writer is live."""
     w = loaded.live.writer
     if w is None or w.released:
         return None
@@ -189,27 +220,54 @@ def _live_mountpoint(loaded: Loaded) -> str | None:
     if not writer_alive(w):
         return None  # that writer crashed: this command takes over
     for mountpoint in _sealfs_mounts():
-        try:
-            status = read_status(mountpoint)
-        except OSError:
+        root = _open_root(mountpoint)
+        if root is None:
             continue
-        if status.get("pid") == w.pid and status.get("volume_id") == loaded.volume_id.hex():
-            served = str(status.get("store", ""))
-            if not _same_store(status.get("store_location"), store_location(loaded.store)):
-                # A copy of the volume made while that mount wrote (rsync, cp -a) keeps
-                # its writer record. Handed over, the key failed the daemon's check of
-                # its own header (EINVAL) after this store's header had changed.
-                raise WriterConflictError(
-                    f"this store's writer record names pid {w.pid}, which serves another"
-                    f" copy of the volume ({served}) on {mountpoint}: this store is a copy"
-                    f" made while that mount wrote; unmount {mountpoint} first, then run"
-                    " 'sealfs rekey' again"
-                )
-            return mountpoint
+        try:
+            if _writer_serves(loaded, root, mountpoint):
+                return LiveMount(mountpoint, root)
+        except BaseException:
+            os.close(root)
+            raise
+        os.close(root)
     raise WriterConflictError(
         f"volume is mounted read-write by pid {w.pid} on this host, but none of this"
         " namespace's sealfs mounts is it: run 'sealfs rekey' where it is mounted"
     )
+
+
+def _open_root(mountpoint: str) -> int | None:
+    """A descriptor of mountpoint's root; None if it cannot be opened (a dead mount)."""
+    try:
+        return os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _writer_serves(loaded: Loaded, root: int, mountpoint: str) -> bool:
+    """Whether the mount whose root is open as root is the volume's live writer.
+
+    Raises WriterConflictError if it is, but serves another copy of the store."""
+    w = loaded.live.writer
+    assert w is not None
+    try:
+        status = read_status(root)
+    except OSError:
+        return False
+    if status.get("pid") != w.pid or status.get("volume_id") != loaded.volume_id.hex():
+        return False
+    served = str(status.get("store", ""))
+    if not _same_store(status.get("store_location"), store_location(loaded.store)):
+        # A copy of the volume made while that mount wrote (rsync, cp -a) keeps
+        # its writer record. Handed over, the key failed the daemon's check of
+        # its own header (EINVAL) after this store's header had changed.
+        raise WriterConflictError(
+            f"this store's writer record names pid {w.pid}, which serves another"
+            f" copy of the volume ({served}) on {mountpoint}: this store is a copy"
+            f" made while that mount wrote; unmount {mountpoint} first, then run"
+            " 'sealfs rekey' again"
+        )
+    return True
 
 
 def _same_store(served: object, ours: str) -> bool:
@@ -228,8 +286,8 @@ def _same_store(served: object, ours: str) -> bool:
         return False
 
 
-def _check_daemon_takes_keys(mountpoint: str) -> None:
-    """Raise ConfigError unless the daemon of mountpoint can be handed a new key.
+def _check_daemon_takes_keys(live: LiveMount) -> None:
+    """Raise ConfigError unless the daemon of the live mount can be handed a new key.
 
     A daemon started by a build older than rekeying on a mount (sealfs upgraded under a
     running mount) takes the root's rekey attribute for an ordinary one: it stored the
@@ -238,9 +296,9 @@ def _check_daemon_takes_keys(mountpoint: str) -> None:
     tells them apart before anything is written: a daemon that knows the request refuses
     it (EINVAL), an older one stores it, and is asked to drop it again.
     """
-    name = REKEY_XATTR.decode()
+    name, mountpoint = REKEY_XATTR.decode(), live.path
     try:
-        os.setxattr(mountpoint, name, b"")
+        os.setxattr(live.root, name, b"")
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return
@@ -253,7 +311,7 @@ def _check_daemon_takes_keys(mountpoint: str) -> None:
             f"{mountpoint} refused the new key ({exc.strerror}); nothing was changed"
         ) from None
     try:
-        os.removexattr(mountpoint, name)
+        os.removexattr(live.root, name)
     except OSError as exc:
         error_line(f"could not remove the probe attribute {name} from {mountpoint}: {exc.strerror}")
     raise ConfigError(

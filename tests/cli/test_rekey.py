@@ -6,18 +6,20 @@ epoch, the header holds no retired key, and secrets of the old epoch open nothin
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from sealfs.cli.rekey_cmd import _check_daemon_takes_keys, _same_store
+from sealfs.cli.rekey_cmd import LiveMount, _check_daemon_takes_keys, _same_store
 from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from sealfs.store.s3 import S3Store
@@ -68,6 +70,16 @@ def write_tree(root: Path, count: int, size: int, tag: str) -> dict[str, bytes]:
 def check_tree(mnt: Path, files: dict[str, bytes]) -> None:
     for name, data in files.items():
         assert (mnt / name).read_bytes() == data, name
+
+
+@contextlib.contextmanager
+def live_mount(path: Path) -> Iterator[LiveMount]:
+    """path with its root held open, as `sealfs rekey` holds the mount it hands a key."""
+    root = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield LiveMount(str(path), root)
+    finally:
+        os.close(root)
 
 
 def rekey(env: VolumeEnv, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -367,11 +379,65 @@ def test_the_key_probe_tells_a_daemon_that_keeps_the_attribute(volume_env: Volum
     try:
         old_root = volume_env.mnt / "d"
         old_root.mkdir()
-        with pytest.raises(ConfigError, match="is older than rekeying on a mount") as info:
-            _check_daemon_takes_keys(str(old_root))
+        with (
+            live_mount(old_root) as live,
+            pytest.raises(ConfigError, match="is older than rekeying on a mount") as info,
+        ):
+            _check_daemon_takes_keys(live)
         assert "sealfs umount" in str(info.value) and "nothing was changed" in str(info.value)
         assert os.listxattr(old_root) == []  # the probe does not stay behind
-        _check_daemon_takes_keys(str(volume_env.mnt))  # this build's daemon: no error
+        with live_mount(volume_env.mnt) as live:
+            _check_daemon_takes_keys(live)  # this build's daemon: no error
         assert os.listxattr(volume_env.mnt) == []
     finally:
         volume_env.umount()
+
+
+def _waiting_for_flock(path: Path) -> bool:
+    """Whether some process waits for a flock(2) on path (a blocked request in /proc/locks
+    is marked "->")."""
+    inode = f":{path.stat().st_ino} "
+    with open("/proc/locks") as locks:
+        return any("->" in line and "FLOCK" in line and inode in line for line in locks)
+
+
+def test_a_mount_unmounted_during_a_rekey_never_gets_the_key_on_local_disk(
+    mounted_env: VolumeEnv,
+) -> None:
+    """Regression: the command handed the daemon the new master key as an xattr of the
+    mountpoint, by path, seconds after it found the mount (re-wrapping every slot, an
+    Argon2 run or a KMS call, comes between). Unmounted meanwhile, the path led to the
+    plain directory under the mount: the key was stored in that directory's xattrs on
+    local disk, where every user who could read the directory read it. The header lock,
+    held here, keeps the command between the two; now its open root keeps the mount
+    busy until the key is handed over."""
+    env = mounted_env
+    (env.mnt / "f").write_bytes(b"x")
+    lock_path = env.store / ".lock"
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
+                   "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
+        with subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as running:
+            deadline = time.monotonic() + 60
+            while not _waiting_for_flock(lock_path):
+                assert running.poll() is None, running.communicate()
+                assert time.monotonic() < deadline, "the rekey never reached the header"
+                time.sleep(0.01)
+            unmounted = sealfs("umount", str(env.mnt))  # by then the mount was found
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            _, err = running.communicate(timeout=180)
+    finally:
+        os.close(lock)
+    if env.is_mounted():
+        env.umount()
+    assert REKEY_ATTRIBUTE not in os.listxattr(env.mnt), "the master key is on local disk"
+    assert unmounted.returncode == BUSY, unmounted.stderr  # the mount waited for its key
+    assert running.returncode == 0, err
+    assert set(epochs(env.store).values()) == {1}
+
+
+REKEY_ATTRIBUTE = "user.sealfs.rekey"
