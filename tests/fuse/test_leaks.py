@@ -9,6 +9,8 @@ the daemon log is scanned for every canary in several encodings.
 
 from __future__ import annotations
 
+import base64
+import errno
 import os
 import random
 import re
@@ -127,3 +129,88 @@ def test_store_holds_only_well_named_objects(mounted_env: VolumeEnv) -> None:
         for d in dirs:
             sub = d if rel == "." else f"{rel}/{d}"
             assert re.match(r"^(c|l|s|c/[0-9a-f]{2})$", sub), f"unexpected directory {sub}"
+
+
+# Failure paths: canaries that are not ASCII, or not UTF-8 at all, as names.
+FAIL_NAME = "CANARY-ÉCHEC-жж-6b6b"
+BAD_NAME = b"CANARY-BAD-\xff\xfe-7c7c"
+FAIL_DATA = "CANARY-FAILDATA-8d8d"
+FAIL_XNAME = "CANARY-FXNAME-Ω-9e9e"
+WRONG_PASSPHRASE = "CANARY-WRONG-ø-0f0f"
+
+
+def failure_forms(canary: bytes) -> list[bytes]:
+    """canary as a log line, a repr, hex or base64 could spell it (base64 at each of
+    the three alignments, without the characters the neighbours change)."""
+    text = canary.decode(errors="replace")
+    forms = [canary, canary.lower(), text.encode(), text.encode("utf-16-le")]
+    forms += [repr(canary)[2:-1].encode(), ascii(text)[1:-1].encode(), canary.hex().encode()]
+    forms += [base64.b64encode(bytes(i) + canary)[4:-4] for i in range(3)]
+    return forms
+
+
+def expect_errno(call: object, *args: object) -> int:
+    try:
+        call(*args)  # type: ignore[operator]
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
+def test_no_canary_leaks_on_failure_paths(volume_env: VolumeEnv) -> None:
+    """Errors with canary names (missing, too long, not UTF-8), a tampered chunk read,
+    a wrong passphrase: the daemon's debug log, the commands' output, the store and
+    the cache hold none of the canaries, in any spelling a message could give them."""
+    env = volume_env
+    mount = [*env.mount_args(), "--cache-dir", str(env.cache)]
+    assert sealfs("--verbose", *mount).returncode == 0
+    outputs = []
+    try:
+        mnt = os.fsencode(env.mnt)
+        (env.mnt / FAIL_NAME).write_text(FAIL_DATA * 100)
+        with open(mnt + b"/" + BAD_NAME, "wb") as f:
+            f.write(FAIL_DATA.encode())
+        os.setxattr(env.mnt / FAIL_NAME, f"user.{FAIL_XNAME}", FAIL_DATA.encode())
+        missing = env.mnt / f"{FAIL_NAME}-missing"
+        assert expect_errno(os.rename, missing, env.mnt / FAIL_NAME) == errno.ENOENT
+        assert expect_errno(os.unlink, mnt + b"/" + BAD_NAME + b"-missing") == errno.ENOENT
+        assert expect_errno(os.mkdir, env.mnt / (FAIL_NAME + "x" * 255)) == errno.ENAMETOOLONG
+        assert expect_errno(os.getxattr, env.mnt / FAIL_NAME, f"user.{FAIL_XNAME}-x") == (
+            errno.ENODATA
+        )
+        assert expect_errno(os.setxattr, env.mnt / FAIL_NAME, f"bad.{FAIL_XNAME}", b"v") == (
+            errno.EOPNOTSUPP
+        )
+        outputs.append(sealfs("status", str(env.mnt)))
+    finally:
+        env.umount()
+    for chunk in (p for p in files_under(env.store / "c") if not p.name.startswith(".")):
+        sealed = bytearray(chunk.read_bytes())
+        sealed[len(sealed) // 2] ^= 1
+        chunk.write_bytes(sealed)
+    for cached in files_under(env.cache):
+        cached.unlink()
+    assert sealfs("--verbose", *mount).returncode == 0
+    try:
+        assert expect_errno((env.mnt / FAIL_NAME).read_bytes) == errno.EIO
+        with open(mnt + b"/" + BAD_NAME, "rb") as f:
+            assert expect_errno(f.read) == errno.EIO
+    finally:
+        env.umount()
+    wrong = env.root / "wrong-passphrase"
+    wrong.write_text(WRONG_PASSPHRASE)
+    wrong.chmod(0o600)
+    refused = sealfs("--verbose", *env.mount_args(), "--passphrase-file", str(wrong))
+    assert refused.returncode == 3, refused.stderr
+    outputs.append(refused)
+    assert "failed authentication" in env.log_text()  # the tampered reads were logged
+    said = "".join(o.stdout + o.stderr for o in outputs).encode()
+    canaries = [FAIL_NAME.encode(), BAD_NAME, FAIL_DATA.encode(), FAIL_XNAME.encode(),
+                WRONG_PASSPHRASE.encode(), PASSPHRASE.encode()]  # fmt: skip
+    for path in [*files_under(env.store, env.cache), env.log]:
+        data = path.read_bytes() + os.fsencode(path)
+        for canary in canaries:
+            for form in failure_forms(canary):
+                assert form not in data, f"{canary!r} ({form!r}) in {path}"
+    for canary in canaries:
+        assert not any(form in said for form in failure_forms(canary)), canary
