@@ -15,12 +15,10 @@ from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
-from sealfs.cli.logs import setup_logging
+from sealfs.cli.logs import DEBUG_ENV, setup_logging
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.cli.stdio import discard_stdout, error_line, standard_streams, stdout_writable
 from sealfs.errors import SealfsError
-
-DEBUG_ENV = "SEALFS_DEBUG"  # =1: an unexpected exception shows its traceback
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sealfs.cli.logs import setup_logging
+from sealfs.cli.logs import DEBUG_ENV, setup_logging
 
 
 @pytest.fixture
@@ -40,8 +40,11 @@ def test_a_message_holding_a_newline_is_one_entry(log_lines: io.StringIO) -> Non
     )
 
 
-def test_a_bug_s_traceback_keeps_its_lines(log_lines: io.StringIO) -> None:
+def test_a_bug_s_traceback_keeps_its_lines(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Escaping is for the message: a traceback that came out on one line could not be read."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
     try:
         int("not a number")
     except ValueError:
@@ -49,4 +52,61 @@ def test_a_bug_s_traceback_keeps_its_lines(log_lines: io.StringIO) -> None:
     lines = log_lines.getvalue().splitlines()
     assert lines[0].endswith("unexpected error")
     assert lines[1] == "Traceback (most recent call last):"
-    assert lines[-1] == "ValueError: invalid literal for int() with base 10: 'not a number'"
+    assert any('int("not a number")' in line for line in lines[2:-1]), lines  # the code's line
+    assert lines[-1] == "ValueError (message withheld: it may quote names or data)"
+
+
+SECRET_NAME = "canary-agent-api-key"
+
+
+def _lookup(entries: dict[bytes, int], name: bytes) -> int:
+    try:
+        return entries[name]
+    except KeyError as exc:
+        raise RuntimeError(f"no entry {name!r} in {entries!r}") from exc
+
+
+def test_a_bug_s_traceback_never_quotes_what_its_exceptions_say(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug's exception may quote a file name or bytes of a request (a KeyError of a
+    name): the log names each exception of the chain and where it came from, never
+    what it says, since the log must hold no plaintext."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    try:
+        try:
+            _lookup({b"other": 1}, SECRET_NAME.encode())
+        except RuntimeError as exc:
+            raise ExceptionGroup("in a nursery", [exc, ValueError(SECRET_NAME)]) from None
+    except ExceptionGroup:
+        logging.getLogger("sealfs.test").exception("unexpected error in a filesystem request")
+    text = log_lines.getvalue()
+    assert SECRET_NAME not in text, text
+    lines = text.splitlines()
+    assert lines[-1] == (
+        "ExceptionGroup of RuntimeError, ValueError (message withheld: it may quote names or data)"
+    )
+    # The chain below the group is gone (raise ... from None), but a cause is kept:
+    log_lines.truncate(0)
+    log_lines.seek(0)
+    try:
+        _lookup({}, SECRET_NAME.encode())
+    except RuntimeError:
+        logging.getLogger("sealfs.test").exception("unexpected error")
+    text = log_lines.getvalue()
+    assert SECRET_NAME not in text, text
+    assert "KeyError (message withheld" in text
+    assert text.rstrip().endswith("RuntimeError (message withheld: it may quote names or data)")
+    assert "return entries[name]" in text  # where the cause came from
+
+
+def test_sealfs_debug_shows_a_bug_s_messages(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SEALFS_DEBUG=1 (a developer reproducing a bug) the log holds the messages."""
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    try:
+        _lookup({}, SECRET_NAME.encode())
+    except RuntimeError:
+        logging.getLogger("sealfs.test").exception("unexpected error")
+    assert f"RuntimeError: no entry b'{SECRET_NAME}' in {{}}" in log_lines.getvalue()
