@@ -185,8 +185,8 @@ class VolumeEnv:
         args += ["--passphrase-file", str(self.passfile)]
         return [*args, "--log-file", str(self.log)] if log else args
 
-    def mount(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = sealfs(*self.mount_args(), *extra)
+    def mount(self, *extra: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+        result = sealfs(*self.mount_args(), *extra, **kw)
         if check:
             assert result.returncode == 0, result.stderr + self.log_text()
         if result.returncode == 0:

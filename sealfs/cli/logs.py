@@ -39,8 +39,9 @@ class OneLineFormatter(logging.Formatter):
         return "\n".join(_withheld_traceback(exc))
 
 
-def _withheld_traceback(exc: BaseException) -> list[str]:
-    """The lines of exc's traceback, causes first as Python prints them, messages out."""
+def _withheld_traceback(exc: BaseException, indent: str = "") -> list[str]:
+    """The lines of exc's traceback, causes first as Python prints them, messages out;
+    a group's exceptions follow it, indented (the bug's own frames are in them)."""
     chain: list[BaseException] = []
     link: BaseException | None = exc
     while link is not None and all(link is not seen for seen in chain):
@@ -49,10 +50,15 @@ def _withheld_traceback(exc: BaseException) -> list[str]:
     lines: list[str] = []
     for link in reversed(chain):
         if lines:
-            lines.append("(the exception above led to the one below)")
-        lines.append("Traceback (most recent call last):")
-        lines.extend(frame.rstrip("\n") for frame in traceback.format_tb(link.__traceback__))
-        lines.append(f"{_type_name(link)} (message withheld: it may quote names or data)")
+            lines.append(f"{indent}(the exception above led to the one below)")
+        lines.append(f"{indent}Traceback (most recent call last):")
+        for frame in traceback.format_tb(link.__traceback__):
+            lines.extend(indent + line for line in frame.rstrip("\n").split("\n"))
+        lines.append(f"{indent}{_type_name(link)} (message withheld: it may quote names or data)")
+        if isinstance(link, BaseExceptionGroup):
+            for number, inner in enumerate(link.exceptions, 1):
+                lines.append(f"{indent}  in the group, {number} of {len(link.exceptions)}:")
+                lines.extend(_withheld_traceback(inner, indent + "    "))
     return lines
 
 

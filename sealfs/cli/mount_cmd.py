@@ -18,7 +18,7 @@ from pathlib import Path
 from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize, reopen_log
-from sealfs.cli.exitcodes import BUSY, FAILURE, USAGE, exit_code
+from sealfs.cli.exitcodes import BUG, BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
@@ -222,6 +222,22 @@ def _serve(
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
         )
         return exit_code(exc)
+    except Exception as exc:
+        # A bug: the daemon ended without a word in its log, its mount gone, and the
+        # directory under it took what agents wrote next (see serve).
+        committed = volume.commits.last_commit_ns / 1e9
+        log.critical(
+            "stopped by an unexpected error, a bug in sealfs (please report it): %s is"
+            " left as a dead mount, so that nothing is written to the directory under"
+            " it. Data written after the last commit (generation %d, %s) is lost. Run"
+            " 'sealfs umount %s', then mount again.",
+            mountpoint,
+            volume.commits.generation,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
+            mountpoint,
+            exc_info=exc,
+        )
+        return BUG
     return 0
 
 

@@ -86,20 +86,33 @@ def serve(
     """Answer requests until unmounted or signalled; commit everything on the way out.
 
     on_hangup runs at each SIGHUP (a daemon reopens its log file for logrotate).
+
+    Stopped by anything but a SealfsError (a bug), it leaves the mount dead, as a
+    crash does: every access then fails with ENOTCONN. Unmounted, the path led
+    to the empty directory under it, and an agent that went on writing its
+    checkpoints there wrote them in plaintext to local disk, with nothing to say
+    that the volume was gone. `sealfs umount`, or the next `sealfs mount`,
+    removes the dead mount.
     """
     _tune_malloc()
+    unmount = False
     try:
         trio.run(_main, volume, mountpoint, on_ready, on_hangup)
+        unmount = True
+    except SealfsError:
+        unmount = True
+        raise
     except BaseExceptionGroup as group:
         # The final commit failed (the store unreachable, fenced...): trio wraps it in
         # its nurseries' groups. Raise the error itself, for the caller to report.
         failures, rest = group.split(SealfsError)
         if failures is None or rest is not None:
             raise
+        unmount = True
         raise first_leaf(failures) from group
     finally:
         with contextlib.suppress(Exception):
-            pyfuse3.close(unmount=True)
+            pyfuse3.close(unmount=unmount)
 
 
 async def _main(

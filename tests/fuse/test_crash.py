@@ -10,6 +10,7 @@ must be one consistent cut no earlier than the last acknowledgement.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -288,3 +289,56 @@ def test_o_dsync_async_direct_write_survives_a_crash(volume_env: VolumeEnv) -> N
     data = path.read_bytes()
     env.umount()
     assert data == b"\x5a" * 64 * 1024
+
+
+# Loaded by the daemon's Python at start-up (PYTHONPATH): its commit loop meets a bug,
+# an exception no code path expects, whose message quotes a file's name.
+BUGGY_COMMITS = """
+import os
+if os.environ.get("SEALFS_TEST_BUGGY_COMMITS") == "1":
+    from sealfs.volume import committer
+
+    NAME = "secret-plan.txt"  # not on the line a traceback shows
+
+    async def buggy(self, batch):
+        raise RuntimeError(f"no inode for {NAME}")
+
+    committer.Committer._write_segment = buggy
+"""
+
+
+def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a bug that ended the daemon (its commit loop raised) unmounted the
+    volume without a word in the log, and an agent that went on writing its checkpoints
+    wrote them in plaintext into the empty directory under the mountpoint. Now the
+    mount is left dead, as after a crash (ENOTCONN), and the log says what happened."""
+    env = volume_env
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(BUGGY_COMMITS)
+    repo = Path(__file__).resolve().parents[2]
+    python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
+    env.mount(env={**os.environ, "PYTHONPATH": python_path, "SEALFS_TEST_BUGGY_COMMITS": "1"})
+    (env.mnt / "secret-plan.txt").write_text("step 1")  # the next commit meets the bug
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert env.is_mounted()
+    with pytest.raises(OSError) as caught:
+        (env.mnt / "secret-plan.txt").write_text("step 2")
+    assert caught.value.errno == errno.ENOTCONN
+    log = env.log_text()
+    assert "stopped by an unexpected error, a bug in sealfs" in log, log
+    assert f"Run 'sealfs umount {env.mnt}', then mount again" in log
+    assert "RuntimeError (message withheld" in log
+    assert "secret-plan" not in log
+    result = env.umount(check=False)
+    assert result.returncode == 1 and "had died" in result.stderr, result.stderr
+    assert not env.is_mounted()
+    assert list(env.mnt.iterdir()) == []  # nothing was written under the mount
+    env.mount()
+    assert list(env.mnt.iterdir()) == []  # the bug came before any commit
+    env.umount()
