@@ -176,7 +176,8 @@ class CachingStore:
         return data
 
     def _store(self, name: str, data: bytes, *, fill: bool = False) -> None:
-        """Put a copy in the cache; on any OSError, warn once and carry on uncached.
+        """Put a copy in the cache; on any OSError, warn (see _warn_write_failed) and carry
+        on uncached.
 
         fill: data was fetched by get, and is dropped if a write overlapped that fetch.
         """

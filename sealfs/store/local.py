@@ -3,13 +3,17 @@
 Object "c/ab/xyz" lives at root/c/ab/xyz; parent directories are created lazily.
 Every write goes to a hidden ".tmp-*" file in the target directory first and is
 then renamed (put) or hard-linked (put_if_absent) into place, so readers never
-see a partial object. Writes are not fsynced one by one: the store remembers
-which files it wrote and which directories' entries it changed since the last
-sync() (puts come from several threads), and sync() fdatasyncs exactly those
-files, then fsyncs each of those directories once, with the parents of the
-directories it created. So a sync waits for this store's writes only, not for
-whatever else is dirty on the file system. Above SYNCFS_ABOVE paths it calls
-syncfs(2) once instead. sealfs never removes a directory of the store.
+see a partial object. New objects written by put (chunks) are not fsynced one
+by one: the store remembers which files it wrote and which directories' entries
+it changed since the last sync() (puts come from several threads), and sync()
+fdatasyncs exactly those files, then fsyncs each of those directories once, with
+the parents of the directories it created. So a sync waits for this store's
+writes only, not for whatever else is dirty on the file system. Above
+SYNCFS_ABOVE paths it calls syncfs(2) once instead, unless the root is on a FUSE
+file system, where syncfs flushes nothing. Exclusive creates and replacements
+fdatasync their temp file before publishing it: their name may reach the disk
+before the next sync (see put and put_if_absent). sealfs never removes a
+directory of the store.
 
 This module owns the mapping of OS errors to store errors; it never retries
 (RetryingStore does) and knows nothing of what the bytes mean.

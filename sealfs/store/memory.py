@@ -1,4 +1,4 @@
-"""MemoryStore: an in-process ObjectStore for engine tests and `memory://`.
+"""MemoryStore: an in-process ObjectStore for engine tests (no URL opens one).
 
 It owns a dict of name -> bytes behind one lock and counts requests per method
 so that tests can check request economy (a cache hit sends no request). It does

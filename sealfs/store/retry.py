@@ -5,8 +5,9 @@ until the attempts or the deadline run out; then it raises StoreUnavailableError
 naming the store and the last error. Definite answers (ObjectNotFoundError,
 ObjectExistsError, PreconditionFailedError, NoSpaceError, any other StoreError)
 pass through at once. The clock, sleep and random source are injectable so that
-tests never really sleep. Each retry is logged at WARNING with the object name
-and the reason, never the data.
+tests never really sleep. Each retry is logged with the object name and the
+reason, never the data: at WARNING at most once per WARN_EVERY seconds of one
+request, at DEBUG otherwise.
 """
 
 from __future__ import annotations
