@@ -2,7 +2,9 @@
 
 The volume engine changes this state only by applying operation records
 (sealfs.meta.ops), the same records that replay applies at mount, so the
-live state and the state rebuilt from the log cannot drift apart.
+live state and the state rebuilt from the log cannot drift apart. The one
+exception is a write's size and times: the engine sets them in memory and
+records them at the next commit's cut, together with the bytes.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 Every change is made by recording a metadata operation (applied to the live
 state and queued for the next commit), so that what the engine shows and
-what a remount replays are the same thing. Permission checks are the
-kernel's (the FUSE mount uses default_permissions); POSIX structure rules
-(ENOTEMPTY, EISDIR, rename into a subtree, name lengths) are enforced here.
+what a remount replays are the same thing; a write's size and times alone
+change in memory first, and are recorded at the next commit's cut with its
+bytes. Permission checks are the kernel's (the FUSE mount uses
+default_permissions); POSIX structure rules (ENOTEMPTY, EISDIR, rename into a
+subtree, name lengths) are enforced here.
 Raises FsError for POSIX failures and StoreError/IntegrityError for storage.
 """
 

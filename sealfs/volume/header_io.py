@@ -1,6 +1,7 @@
 """Reading and replacing sealfs.vol atomically, for keyslot changes and rekeys.
 
-The header is the one object that is ever replaced. Every change reads it
+The header is the one object whose content ever changes (a rekey re-seals
+other objects in place, with the same payload). Every change reads it
 with its etag and writes the new bytes with put_if_match, so of two
 concurrent changes (a `sealfs key` command, a mounted writer finishing a
 rekey) one wins and the other re-reads: none is lost.
