@@ -32,6 +32,16 @@ def validate_name(name: str) -> str:
     return name
 
 
+def is_valid_name(name: str) -> bool:
+    """Whether name is a valid object name: what a listing may return, as opposed to
+    the temp files, lock file and strays beside the objects."""
+    try:
+        validate_name(name)
+    except ConfigError:
+        return False
+    return True
+
+
 # A list prefix is a name cut anywhere: same alphabet, may be empty or end in "/".
 _PREFIX_RE = re.compile(r"^([a-z0-9][a-z0-9._-]*/)*([a-z0-9][a-z0-9._-]*)?$")
 

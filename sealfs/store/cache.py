@@ -37,12 +37,14 @@ from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
     is_stale_temp,
+    is_valid_name,
     make_dirs,
     read_regular_file,
     remove_crash_leftovers,
     request_counts,
     store_location,
     validate_name,
+    write_all,
 )
 
 log = logging.getLogger("sealfs.store")
@@ -120,7 +122,7 @@ class CachingStore:
                 except OSError:
                     continue
                 name = path.relative_to(self.cache_dir).as_posix()
-                if _valid(name):
+                if is_valid_name(name) and is_cached_name(name):
                     found.append((st.st_mtime, name, st.st_size))
         found.sort()
         with self._lock:
@@ -338,14 +340,6 @@ class CachingStore:
         self.inner.close()
 
 
-def _valid(name: str) -> bool:
-    try:
-        validate_name(name)
-    except ConfigError:
-        return False
-    return is_cached_name(name)
-
-
 def _owner_only(directory: Path) -> None:
     """Make a directory under the cache's root the owner's only, as make_dirs makes
     them now.
@@ -370,9 +364,7 @@ def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
         make_dirs(path.parent, cache_dir)
         fd = os.open(path, flags, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
     finally:
         os.close(fd)
 

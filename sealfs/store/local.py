@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sealfs.errors import (
-    ConfigError,
     FormatError,
     NoSpaceError,
     ObjectExistsError,
@@ -49,6 +48,7 @@ from sealfs.store.base import (
     NotARegularFileError,
     ObjectInfo,
     is_stale_temp,
+    is_valid_name,
     make_dirs,
     object_too_large,
     read_regular_file,
@@ -138,14 +138,6 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _is_object_name(name: str) -> bool:
-    try:
-        validate_name(name)
-    except ConfigError:
-        return False
-    return True
-
-
 def _same_device(path: Path, device: int) -> bool:
     try:
         return os.lstat(path).st_dev == device
@@ -171,7 +163,7 @@ def _walk(directory: Path, rel: str, prefix: str, start_after: str, out: list[st
         return
     with entries:
         for entry in entries:
-            if not _is_object_name(entry.name):
+            if not is_valid_name(entry.name):
                 continue  # temp files, the lock file, strays
             full = f"{rel}/{entry.name}" if rel else entry.name
             if entry.is_dir(follow_symlinks=False):
@@ -746,7 +738,7 @@ class LocalStore:
             # the store's own file system. Not into whatever else lies under the root (a
             # plaintext view or another disk mounted there), whose own files were removed.
             dirs[:] = [
-                d for d in dirs if _is_object_name(d) and _same_device(Path(dirpath) / d, device)
+                d for d in dirs if is_valid_name(d) and _same_device(Path(dirpath) / d, device)
             ]
             for file in files:
                 if file.startswith(TEMP_PREFIX) and self._remove_if_stale(

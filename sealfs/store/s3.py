@@ -53,6 +53,7 @@ from sealfs.errors import (
 from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
+    is_valid_name,
     refuse_too_large,
     validate_name,
     validate_prefix,
@@ -660,7 +661,7 @@ class S3Store:
             page = self._call("list", prefix, lambda c: c.list_objects_v2(**kwargs))
             for item in page.get("Contents", ()):
                 name = str(item["Key"])[len(self._root) :]
-                if name.startswith(prefix) and name > start_after and _is_object_name(name):
+                if name.startswith(prefix) and name > start_after and is_valid_name(name):
                     names.append(name)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
@@ -715,14 +716,6 @@ class S3Store:
                 return
         for client in clients:
             client.close()
-
-
-def _is_object_name(name: str) -> bool:
-    try:
-        validate_name(name)
-    except ConfigError:
-        return False
-    return True
 
 
 def probe_conditional_writes(store: ObjectStore) -> None:
