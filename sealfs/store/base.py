@@ -319,3 +319,39 @@ def remove_crash_leftovers(store: object, older_than: float) -> int:
         return 0
     removed: int = method(older_than)
     return removed
+
+
+class StoreWrapper:
+    """What every wrapper (retrying, caching, fault-injecting) passes through unchanged
+    to the store it wraps.
+
+    In one place so that an optional method the backends gain reaches through every
+    wrapper at once (location() came late, and was added to each wrapper by hand): a
+    wrapper without it would hide it from status and the host's record of generations.
+    """
+
+    inner: ObjectStore
+
+    def free_bytes(self) -> int:
+        """The inner store's free space (statfs is not worth retrying or faking)."""
+        return self.inner.free_bytes()
+
+    def request_counts(self) -> dict[str, int] | None:
+        """The inner store's requests per method, if it counts them."""
+        return request_counts(self.inner)
+
+    def remove_crash_leftovers(self, older_than: float) -> int:
+        """The inner store's, if it leaves any."""
+        return remove_crash_leftovers(self.inner, older_than)
+
+    def location(self) -> str:
+        """The inner store's location."""
+        return store_location(self.inner)
+
+    def describe(self) -> str:
+        """The inner store's description: a wrapper is invisible to users."""
+        return self.inner.describe()
+
+    def close(self) -> None:
+        """Close the inner store."""
+        self.inner.close()

@@ -36,13 +36,11 @@ from sealfs.store.base import (
     PRIVATE_DIR_MODE,
     ObjectInfo,
     ObjectStore,
+    StoreWrapper,
     is_stale_temp,
     is_valid_name,
     make_dirs,
     read_regular_file,
-    remove_crash_leftovers,
-    request_counts,
-    store_location,
     validate_name,
     write_all,
 )
@@ -60,7 +58,7 @@ def is_cached_name(name: str) -> bool:
     return name.startswith(CACHED_PREFIX)
 
 
-class CachingStore:
+class CachingStore(StoreWrapper):
     """Wrap an ObjectStore with a bounded on-disk cache of chunks. Thread-safe.
 
     Raises what the inner store raises; never raises because of the cache,
@@ -314,30 +312,6 @@ class CachingStore:
     def sync(self) -> None:
         """Delegate: the cache needs no durability (it can always be refetched)."""
         self.inner.sync()
-
-    def free_bytes(self) -> int:
-        """Delegate."""
-        return self.inner.free_bytes()
-
-    def request_counts(self) -> dict[str, int] | None:
-        """The inner store's requests per method, if it counts them."""
-        return request_counts(self.inner)
-
-    def remove_crash_leftovers(self, older_than: float) -> int:
-        """Delegate."""
-        return remove_crash_leftovers(self.inner, older_than)
-
-    def location(self) -> str:
-        """The inner store's location."""
-        return store_location(self.inner)
-
-    def describe(self) -> str:
-        """Delegate."""
-        return self.inner.describe()
-
-    def close(self) -> None:
-        """Close the inner store."""
-        self.inner.close()
 
 
 def _owner_only(directory: Path) -> None:

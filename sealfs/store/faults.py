@@ -26,9 +26,7 @@ from sealfs.errors import (
 from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
-    remove_crash_leftovers,
-    request_counts,
-    store_location,
+    StoreWrapper,
 )
 
 T = TypeVar("T")
@@ -98,7 +96,7 @@ class FaultRule:
         return True
 
 
-class FaultyStore:
+class FaultyStore(StoreWrapper):
     """An ObjectStore that forwards to inner except where a rule injects a fault.
 
     Thread-safe. `injected` records (method, name, fault) for every fault fired.
@@ -221,26 +219,6 @@ class FaultyStore:
         """Forward sync, or inject a fault."""
         self._apply(self._pick("sync", ""), "sync", "", self.inner.sync)
 
-    def free_bytes(self) -> int:
-        """Delegate."""
-        return self.inner.free_bytes()
-
-    def request_counts(self) -> dict[str, int] | None:
-        """The inner store's requests per method, if it counts them."""
-        return request_counts(self.inner)
-
-    def remove_crash_leftovers(self, older_than: float) -> int:
-        """Delegate."""
-        return remove_crash_leftovers(self.inner, older_than)
-
-    def location(self) -> str:
-        """The inner store's location."""
-        return store_location(self.inner)
-
     def describe(self) -> str:
         """Describe the inner store, marked as fault-injecting."""
         return f"{self.inner.describe()} (with injected faults)"
-
-    def close(self) -> None:
-        """Close the inner store."""
-        self.inner.close()

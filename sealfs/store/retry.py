@@ -28,9 +28,7 @@ from sealfs.errors import (
 from sealfs.store.base import (
     ObjectInfo,
     ObjectStore,
-    remove_crash_leftovers,
-    request_counts,
-    store_location,
+    StoreWrapper,
 )
 
 T = TypeVar("T")
@@ -39,7 +37,7 @@ log = logging.getLogger("sealfs.store")
 WARN_EVERY = 30.0  # seconds between warnings about one request that keeps failing
 
 
-class RetryingStore:
+class RetryingStore(StoreWrapper):
     """Wrap an ObjectStore so that transient failures are retried with backoff.
 
     Every method raises what the inner store raises, except that a
@@ -161,30 +159,6 @@ class RetryingStore:
     def sync(self) -> None:
         """Retrying sync."""
         self._run("sync", "", self.inner.sync)
-
-    def free_bytes(self) -> int:
-        """Delegate (statfs is not worth retrying)."""
-        return self.inner.free_bytes()
-
-    def request_counts(self) -> dict[str, int] | None:
-        """The inner store's requests per method, if it counts them."""
-        return request_counts(self.inner)
-
-    def remove_crash_leftovers(self, older_than: float) -> int:
-        """Delegate."""
-        return remove_crash_leftovers(self.inner, older_than)
-
-    def location(self) -> str:
-        """The inner store's location."""
-        return store_location(self.inner)
-
-    def describe(self) -> str:
-        """The inner store's description: retrying is invisible to users."""
-        return self.inner.describe()
-
-    def close(self) -> None:
-        """Close the inner store."""
-        self.inner.close()
 
 
 class _ConditionalWrite:
