@@ -15,6 +15,7 @@ import struct
 from typing import NamedTuple
 
 from sealfs.crypto import aead
+from sealfs.crypto.ids import CHUNK_ID_SIZE
 from sealfs.errors import FormatError, IntegrityError, UnsupportedVersionError
 
 MAGIC = b"SFS"
@@ -27,7 +28,6 @@ _KNOWN_FLAGS = FLAG_ZSTD
 MAX_EPOCH = 0xFFFF
 
 VOLUME_ID_SIZE = 16
-CHUNK_ID_SIZE = 32
 
 _HEADER = struct.Struct(">3sBBBH")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives import hashes, hmac
 
-CHUNK_ID_SIZE = 32
+CHUNK_ID_SIZE = 32  # the one definition: envelope bindings and extents check against it
 
 
 def chunk_id(chunk_id_key: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:

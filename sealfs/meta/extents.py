@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from sealfs.crypto.ids import CHUNK_ID_SIZE
 from sealfs.errors import FormatError
-
-CHUNK_ID_SIZE = 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,6 @@ from sealfs.store.cache import get_opened
 log = logging.getLogger("sealfs.volume")
 
 CHUNK_PREFIX = "c/"
-CHUNK_ID_SIZE = 32
 # Workers that neither prefetches nor uploads take, so that commits and demand reads
 # find one (the engine adds them to io_threads: each side keeps io_threads in flight).
 RESERVED_WORKERS = 2

@@ -39,6 +39,7 @@ from sealfs.crypto.envelope import (
     read_envelope_epoch,
     reseal,
 )
+from sealfs.crypto.ids import CHUNK_ID_SIZE
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
     FencedError,
@@ -59,7 +60,7 @@ from sealfs.meta.codec import (
 )
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import drop_cached_unless, get_stored
-from sealfs.volume.chunks import CHUNK_ID_SIZE, CHUNK_PREFIX, MAX_SEALED_CHUNK
+from sealfs.volume.chunks import CHUNK_PREFIX, MAX_SEALED_CHUNK
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import Loaded
