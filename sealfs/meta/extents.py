@@ -137,10 +137,6 @@ class ExtentMap:
         if extents and extents[-1].end > size:
             self.replace(size, extents[-1].end, [])
 
-    def chunks(self) -> set[bytes]:
-        """The ids of every chunk this map references."""
-        return {e.chunk for e in self._parsed()}
-
     def chunk_ids(self) -> Iterator[bytes]:
         """The id of each extent's chunk (repeats included), without parsing a map still
         in wire form: `sealfs status` asks this of every file, and parsing them all
