@@ -35,11 +35,13 @@ from pathlib import Path
 from sealfs.cli.paths import state_dir
 from sealfs.errors import ConfigError, RolledBackError
 from sealfs.store.base import (
+    ObjectStore,
+    store_location,
+)
+from sealfs.store.files import (
     FileTooLargeError,
     NotARegularFileError,
-    ObjectStore,
     read_regular_file,
-    store_location,
     write_all,
 )
 from sealfs.store.url import is_local_url

@@ -33,15 +33,17 @@ from typing import TypeVar
 
 from sealfs.errors import ConfigError, FormatError, IntegrityError, SealfsError
 from sealfs.store.base import (
-    PRIVATE_DIR_MODE,
     ObjectInfo,
     ObjectStore,
     StoreWrapper,
-    is_stale_temp,
     is_valid_name,
+    validate_name,
+)
+from sealfs.store.files import (
+    PRIVATE_DIR_MODE,
+    is_stale_temp,
     make_dirs,
     read_regular_file,
-    validate_name,
     write_all,
 )
 

@@ -44,20 +44,22 @@ from sealfs.errors import (
     TransientStoreError,
 )
 from sealfs.store.base import (
-    FileTooLargeError,
-    NotARegularFileError,
     ObjectInfo,
-    is_stale_temp,
     is_valid_name,
-    make_dirs,
     object_too_large,
-    read_regular_file,
-    regular_file_etag,
     validate_name,
     validate_prefix,
-    write_all,
 )
 from sealfs.store.direct import DirectIOUnsupported, open_direct, write_direct
+from sealfs.store.files import (
+    FileTooLargeError,
+    NotARegularFileError,
+    is_stale_temp,
+    make_dirs,
+    read_regular_file,
+    regular_file_etag,
+    write_all,
+)
 
 log = logging.getLogger("sealfs.store")
 
