@@ -221,9 +221,9 @@ class FileData:
         Read positions are kept apart from write buffers: most files read after
         a mount were never written in it.
         """
-        sequential = self._read_pos.get(ino) == offset
-        self._read_pos[ino] = end
-        if len(self._read_pos) > 4096:  # bounded: forget the oldest readers
+        sequential = self._read_pos.pop(ino, None) == offset
+        self._read_pos[ino] = end  # re-inserted: the dict's order is the readers' recency
+        if len(self._read_pos) > 4096:  # bounded: forget the readers idle longest
             del self._read_pos[next(iter(self._read_pos))]
         if not sequential:
             return

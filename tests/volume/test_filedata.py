@@ -1198,3 +1198,27 @@ async def test_reads_across_chunks_and_holes_of_a_committed_file(
         for lo, n in [(0, len(expected)), (MiB - 10, 2 * MiB + 20), (5 * MiB - 7, MiB)]:
             assert await v.read(fh, lo, n) == expected[lo : lo + n]
         await v.release(fh)
+
+
+async def test_a_streaming_reader_is_not_forgotten_while_many_other_files_are_read(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: read positions were bounded by forgetting the first file ever read,
+    even one still being read (an update did not make it recent): a checkpoint streamed
+    while an agent read 4,096 other files lost its read-ahead."""
+    data = stream(14, 4 * MiB)
+    await write_in_own_session(volume_store, data)
+    async with session(volume_store) as v:
+        ino = await ino_of(v, "f")
+        others = [await mkfile(v, ROOT_INO, b"o%d" % k, b"x") for k in range(4200)]
+        fh = await v.open(ino, RW)
+        pos = 0
+        for k, other in enumerate(others):
+            if k % 500 == 0:  # the stream goes on meanwhile
+                assert await v.read(fh, pos, WRITE) == data[pos : pos + WRITE]
+                pos += WRITE
+            other_fh = await v.open(other, RW)
+            assert await v.read(other_fh, 0, 1) == b"x"
+            await v.release(other_fh)
+        assert v.files._read_pos.get(ino) == pos  # still a sequential reader, at pos
+        await v.release(fh)
