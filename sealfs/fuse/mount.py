@@ -111,6 +111,8 @@ def serve(
         unmount = True
         raise first_leaf(failures) from group
     finally:
+        # Whatever ended the loop is what the caller must report: a failing close must
+        # not replace it.
         with contextlib.suppress(Exception):
             pyfuse3.close(unmount=unmount)
 

@@ -5,14 +5,15 @@ RetryingStore) and s3://bucket/prefix (S3Store behind RetryingStore). There
 is no memory:// for the command line: init reported a volume created and
 kept nothing (engine tests build a MemoryStore themselves). A CachingStore
 goes on top when a cache directory is given; for S3 stores it is on by
-default (under ~/.cache/sealfs/<hash of the URL>), so that re-reading a hot
-file sends no request. Messages never echo a URL beyond its scheme: URLs may
-carry credentials.
+default (under $XDG_CACHE_HOME/sealfs/<hash of the URL>, ~/.cache by
+default), so that re-reading a hot file sends no request. Messages never
+echo a URL beyond its scheme: URLs may carry credentials.
 
 S3 settings come from the usual places: the endpoint from the s3_endpoint
-argument (--s3-endpoint) or AWS_ENDPOINT_URL (which boto3 reads itself), the
-region from AWS_REGION, AWS_DEFAULT_REGION or the profile, the credentials
-from boto3's default chain only (environment, profile, instance role).
+argument (--s3-endpoint), else AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
+(which boto3 reads itself), the region from AWS_REGION, AWS_DEFAULT_REGION
+or the profile, the credentials from boto3's default chain only
+(environment, profile, instance role).
 """
 
 from __future__ import annotations
