@@ -39,39 +39,81 @@ class OneLineFormatter(logging.Formatter):
         return "\n".join(_withheld_traceback(exc))
 
 
-def _withheld_traceback(exc: BaseException, indent: str = "") -> list[str]:
+# As Python's own traceback prints a group: its first members, and so deep.
+MAX_GROUP_WIDTH = 15
+MAX_GROUP_DEPTH = 10
+
+
+def _withheld_traceback(
+    exc: BaseException, indent: str = "", shown: set[int] | None = None, depth: int = 0
+) -> list[str]:
     """The lines of exc's traceback, causes first as Python prints them, messages out;
-    a group's exceptions follow it, indented (the bug's own frames are in them)."""
+    a group's exceptions follow it, indented (the bug's own frames are in them).
+
+    Each exception is shown once (shown: the ids of those shown so far, or being
+    shown): one raised again while its group was handled has that group, which
+    holds it, in its chain, and following it went round that loop until
+    RecursionError, which logging raises on to the caller. A group shows its first
+    MAX_GROUP_WIDTH exceptions, MAX_GROUP_DEPTH groups deep, as Python does.
+    """
+    shown = set() if shown is None else shown
     chain: list[BaseException] = []
     link: BaseException | None = exc
-    while link is not None and all(link is not seen for seen in chain):
+    while link is not None and id(link) not in shown and all(link is not c for c in chain):
         chain.append(link)
         link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    if not chain:
+        return [f"{indent}{_type_name(exc)} (shown above)"]
     lines: list[str] = []
     for link in reversed(chain):
         if lines:
             lines.append(f"{indent}(the exception above led to the one below)")
+        if id(link) in shown:  # a group above in this chain holds it
+            lines.append(f"{indent}{_type_name(link)} (shown above)")
+            continue
+        shown.add(id(link))
         lines.append(f"{indent}Traceback (most recent call last):")
         for frame in traceback.format_tb(link.__traceback__):
             lines.extend(indent + line for line in frame.rstrip("\n").split("\n"))
         lines.append(f"{indent}{_type_name(link)} (message withheld: it may quote names or data)")
         if isinstance(link, BaseExceptionGroup):
-            for number, inner in enumerate(link.exceptions, 1):
-                lines.append(f"{indent}  in the group, {number} of {len(link.exceptions)}:")
-                lines.extend(_withheld_traceback(inner, indent + "    "))
+            lines.extend(_group_members(link, indent, shown, depth))
+    return lines
+
+
+def _group_members(
+    group: BaseExceptionGroup[BaseException], indent: str, shown: set[int], depth: int
+) -> list[str]:
+    """The withheld tracebacks of a group's first exceptions, indented under it."""
+    count = len(group.exceptions)
+    if depth >= MAX_GROUP_DEPTH:
+        return [f"{indent}  (groups nested deeper than {MAX_GROUP_DEPTH} are not shown)"]
+    lines: list[str] = []
+    for number, inner in enumerate(group.exceptions[:MAX_GROUP_WIDTH], 1):
+        lines.append(f"{indent}  in the group, {number} of {count}:")
+        lines.extend(_withheld_traceback(inner, indent + "    ", shown, depth + 1))
+    if count > MAX_GROUP_WIDTH:
+        lines.append(f"{indent}  and {count - MAX_GROUP_WIDTH} more exceptions")
     return lines
 
 
 def _type_name(exc: BaseException) -> str:
-    kind = type(exc)
-    name = (
+    """exc's type, and a group's exceptions' types (its first MAX_GROUP_WIDTH)."""
+    name = _qualified(type(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        inner = [_qualified(type(member)) for member in exc.exceptions[:MAX_GROUP_WIDTH]]
+        if len(exc.exceptions) > MAX_GROUP_WIDTH:
+            inner.append(f"{len(exc.exceptions) - MAX_GROUP_WIDTH} more")
+        name += f" of {', '.join(inner)}"
+    return name
+
+
+def _qualified(kind: type[BaseException]) -> str:
+    return (
         kind.__qualname__
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    if isinstance(exc, BaseExceptionGroup):
-        name += f" of {', '.join(_type_name(inner) for inner in exc.exceptions)}"
-    return name
 
 
 def setup_logging(*, verbose: bool) -> None:

@@ -103,3 +103,73 @@ def test_sealfs_debug_shows_a_bug_s_messages(
     except RuntimeError:
         logging.getLogger("sealfs.test").exception("unexpected error")
     assert f"RuntimeError: no entry b'{SECRET_NAME}' in {{}}" in log_lines.getvalue()
+
+
+def _raise_group(leaf: BaseException) -> None:
+    raise ExceptionGroup("in a nursery", [leaf])
+
+
+def _unwrapped(leaf: BaseException) -> BaseException:
+    """leaf raised again while its group is handled: a common way to unwrap a nursery's
+    group, which makes the group (holding leaf) leaf's context."""
+    try:
+        try:
+            _raise_group(leaf)
+        except ExceptionGroup as group:
+            raise group.exceptions[0]  # noqa: B904 (the context is the point)
+    except BaseException as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_a_traceback_whose_exception_is_in_a_group_of_its_own_chain_is_logged(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an exception whose context is a group that holds it (raised again
+    while its group was handled) sent the withheld traceback round that loop until
+    RecursionError, which logging raises on to the caller: the log line was lost, a
+    request's bug (logged by the FUSE boundary) stopped the daemon, and the
+    interpreter printed the chain with its messages. Each exception is shown once."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    try:
+        {b"other": 1}[SECRET_NAME.encode()]
+    except KeyError as exc:
+        bug = _unwrapped(exc)
+    logging.getLogger("sealfs.test").error("unexpected error", exc_info=bug)
+    text = log_lines.getvalue()
+    assert SECRET_NAME not in text, text
+    withheld = "(message withheld: it may quote names or data)"
+    lines = [line.strip() for line in text.splitlines()]
+    assert lines.count(f"KeyError {withheld}") == 1, lines  # once, in its group
+    assert lines[-1].startswith("KeyError (shown above"), lines
+
+
+def test_a_huge_group_is_logged_in_part(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group of a thousand exceptions (a nursery of many tasks meeting one bug) is
+    logged as Python prints one: its first exceptions and a count of the rest, not
+    a thousand tracebacks and a thousand type names in the log."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    group = ExceptionGroup("many", [ValueError(SECRET_NAME) for _ in range(1000)])
+    logging.getLogger("sealfs.test").error("unexpected error", exc_info=group)
+    text = log_lines.getvalue()
+    assert SECRET_NAME not in text
+    assert "and 985 more exceptions" in text, text[-2000:]
+    assert len(text) < 10_000, len(text)
+
+
+def test_deeply_nested_groups_are_logged_in_part(
+    log_lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups nested deeper than the interpreter lets a recursion go raised
+    RecursionError out of the log call; they are cut at a depth, as Python cuts them."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    group: BaseException = ValueError(SECRET_NAME)
+    for _ in range(2000):
+        group = ExceptionGroup("nested", [group])
+    logging.getLogger("sealfs.test").error("unexpected error", exc_info=group)
+    text = log_lines.getvalue()
+    assert SECRET_NAME not in text
+    assert "groups nested deeper" in text, text[-2000:]
+    assert len(text) < 100_000, len(text)
