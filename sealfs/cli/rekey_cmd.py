@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
             _check_daemon_takes_keys(live)  # before the header changes
         master, header = _new_epoch(args, unlocked, store, version)
         if live is not None:
-            # Through the root opened above, never by path: see LiveMount.
-            os.setxattr(live.root, REKEY_XATTR.decode(), master)
+            _hand_over(live, master)
     if live is not None:
         if args.no_wait:
             print(f"The daemon of {live.path} re-encrypts in the background.")
@@ -144,6 +143,25 @@ def _new_epoch(
     print(f"Key epoch {header.data_epoch}: new master key written to the header.", end="")
     print(f" Dropped keyslots: {', '.join(map(str, dropped))}." if dropped else "")
     return master, header
+
+
+def _hand_over(live: LiveMount, master: bytes) -> None:
+    """Give the live mount's daemon the new master key, through the root held open
+    (never by path: see LiveMount). Raises SealfsError naming the mount if it fails.
+
+    The header names the new epoch by then: a daemon stopped meanwhile (systemctl
+    stop unmounts lazily, whatever holds the root) leaves the rekey to the next
+    mount, which resumes it. The OSError alone said "Transport endpoint is not
+    connected: 3", the descriptor's number where a path was, and not what to do.
+    """
+    try:
+        os.setxattr(live.root, REKEY_XATTR.decode(), master)
+    except OSError as exc:
+        raise SealfsError(
+            f"the mount on {live.path} did not take the new key ({exc.strerror}). The"
+            " header names the new key epoch already: the next mount of the volume resumes"
+            " the rekey (or run 'sealfs rekey' again)"
+        ) from None
 
 
 def _slot_makers(

@@ -441,3 +441,51 @@ def test_a_mount_unmounted_during_a_rekey_never_gets_the_key_on_local_disk(
 
 
 REKEY_ATTRIBUTE = "user.sealfs.rekey"
+
+
+def test_a_mount_stopped_during_a_rekey_is_named_and_the_rekey_resumes(
+    mounted_env: VolumeEnv,
+) -> None:
+    """A mount stopped (SIGTERM: systemctl stop) after the command found it, and so
+    after the new header was written but before the key was handed over: the command
+    fails naming the mount and what comes next (the next mount resumes the rekey). The
+    handover through the open root said only "Transport endpoint is not connected"."""
+    env = mounted_env
+    (env.mnt / "f").write_bytes(b"x")
+    (daemon,) = env.daemon_pids()
+    lock_path = env.store / ".lock"
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
+                   "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
+        with subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        ) as running:  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not _waiting_for_flock(lock_path):
+                assert running.poll() is None, running.communicate()
+                assert time.monotonic() < deadline, "the rekey never reached the header"
+                time.sleep(0.01)
+            os.kill(daemon, signal.SIGTERM)  # by then the mount was found
+            while env.daemon_pids():
+                assert time.monotonic() < deadline, "the daemon never stopped"
+                time.sleep(0.02)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            _, err = running.communicate(timeout=180)
+    finally:
+        os.close(lock)
+    assert not env.is_mounted()
+    assert REKEY_ATTRIBUTE not in os.listxattr(env.mnt), "the master key is on local disk"
+    assert running.returncode == 1, err
+    assert str(env.mnt) in err and "the next mount of the volume resumes the rekey" in err, err
+    assert header(env.store).retired is not None  # type: ignore[attr-defined]
+    env.mount()  # resumes by itself
+    deadline = time.monotonic() + 120
+    while not (env.status()["rekey"] or {}).get("finished"):
+        assert time.monotonic() < deadline, env.status()
+        time.sleep(0.1)
+    assert (env.mnt / "f").read_bytes() == b"x"
+    env.umount()
+    assert set(epochs(env.store).values()) == {1}
