@@ -226,14 +226,29 @@ def _serve(
         # A bug: the daemon ended without a word in its log, its mount gone, and the
         # directory under it took what agents wrote next (see serve).
         committed = volume.commits.last_commit_ns / 1e9
+        when = (
+            volume.commits.generation,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
+        )
+        if not is_mounted(mountpoint):
+            # Met after the kernel unmounted (sealfs umount, fusermount3 -u): there is
+            # no dead mount to remove, and 'sealfs umount' would find nothing there.
+            log.critical(
+                "stopped by an unexpected error, a bug in sealfs (please report it): %s"
+                " was unmounted already, so no dead mount is left. Data written after the"
+                " last commit (generation %d, %s) is lost.",
+                mountpoint,
+                *when,
+                exc_info=exc,
+            )
+            return BUG
         log.critical(
             "stopped by an unexpected error, a bug in sealfs (please report it): %s is"
             " left as a dead mount, so that nothing is written to the directory under"
             " it. Data written after the last commit (generation %d, %s) is lost. Run"
             " 'sealfs umount %s', then mount again.",
             mountpoint,
-            volume.commits.generation,
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
+            *when,
             mountpoint,
             exc_info=exc,
         )

@@ -342,3 +342,41 @@ def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
     env.mount()
     assert list(env.mnt.iterdir()) == []  # the bug came before any commit
     env.umount()
+
+
+# As BUGGY_COMMITS, but the bug is met by the final commit alone, at unmount.
+BUGGY_CLOSE = """
+import os
+if os.environ.get("SEALFS_TEST_BUGGY_CLOSE") == "1":
+    from sealfs.volume import engine
+
+    async def buggy(self):
+        raise RuntimeError("no inode for secret-plan.txt")
+
+    engine.Volume.close = buggy
+"""
+
+
+def test_a_bug_in_the_final_commit_after_an_unmount_is_not_called_a_dead_mount(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """A bug met by the final commit after `sealfs umount` had unmounted: the log said
+    the mountpoint was "left as a dead mount" and told the operator to run 'sealfs
+    umount' on it, which found nothing mounted there. It says the mount is gone."""
+    env = volume_env
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(BUGGY_CLOSE)
+    repo = Path(__file__).resolve().parents[2]
+    python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
+    env.mount(env={**os.environ, "PYTHONPATH": python_path, "SEALFS_TEST_BUGGY_CLOSE": "1"})
+    (env.mnt / "f").write_text("step 1")
+    env.umount()  # commits, unmounts; then the daemon's final commit meets the bug
+    assert not env.is_mounted()
+    log = env.log_text()
+    assert "stopped by an unexpected error, a bug in sealfs" in log, log
+    assert "left as a dead mount" not in log, log
+    assert f"{env.mnt} was unmounted already" in log, log
+    env.mount()
+    assert (env.mnt / "f").read_text() == "step 1"
+    env.umount()
