@@ -288,7 +288,10 @@ _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 
 def parse_recovery_key(text: str) -> bytes:
     """The 32 raw bytes of a recovery key in its text form (section 6)."""
-    compact = "".join(c for c in text.lower() if not c.isspace() and c != "-")
+    text = text.strip().removeprefix("\ufeff").strip().lower()
+    if text.startswith("sfrk") and len(text) > 4 and (text[4].isspace() or text[4] == "-"):
+        text = text[4:]
+    compact = "".join(c for c in text if not c.isspace() and c != "-")
     if len(compact) == 59 and compact.startswith("sfrk"):
         compact = compact[4:]
     if len(compact) != 55 or any(c not in _B32 for c in compact):
@@ -327,7 +330,7 @@ def _slot(raw: Any, volume_id: bytes) -> dict[str, Any]:
         not (c.islower() or c.isdigit() or c == "-") for c in kind
     ):
         raise FormatError("slot kind")
-    _map(slot["params"], "slot params")
+    _check_params(_map(slot["params"], "slot params"), 0)
     if len(_bin(slot["nonce"], "slot nonce")) > 64:
         raise FormatError("slot nonce too long")
     if not 1 <= len(_bin(slot["wrapped_key"], "wrapped key")) <= 8192:
@@ -335,17 +338,30 @@ def _slot(raw: Any, volume_id: bytes) -> dict[str, Any]:
     return slot
 
 
+def _check_params(value: Any, depth: int) -> None:
+    """Params hold str-keyed maps, arrays and scalars, at most 4 containers deep."""
+    if depth > 4:
+        raise FormatError("keyslot params nested too deeply")
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise FormatError("keyslot params: a key that is not a str")
+        for v in value.values():
+            _check_params(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_params(v, depth + 1)
+
+
 def _argon2_params(params: dict[Any, Any]) -> tuple[int, int, int, bytes]:
     if set(params) != {"kdf", "m", "t", "p", "salt"} or params["kdf"] != "argon2id":
         raise FormatError("passphrase slot params")
-    m = _int(params["m"], 0, U64, "argon2 m")
-    if m < 65536:
-        raise WeakKdfError(f"Argon2 memory {m} KiB is below 65536")
-    if m > 4194304:
-        raise FormatError("Argon2 memory above 4 GiB")
-    t = _int(params["t"], 1, 1024, "argon2 t")
+    salt = _bin(params["salt"], "argon2 salt", 16)
+    m = _int(params["m"], 0, 4194304, "argon2 m")
+    t = _int(params["t"], 0, 1024, "argon2 t")
     p = _int(params["p"], 1, 64, "argon2 p")
-    return m, t, p, _bin(params["salt"], "argon2 salt", 16)
+    if m < 65536 or t < 1:  # after every FormatError check (section 5)
+        raise WeakKdfError(f"Argon2 cost m={m} KiB, t={t} is below the minimum")
+    return m, t, p, salt
 
 
 def _unwrap(wrapping_key: bytes, slot: dict[str, Any], volume_id: bytes) -> bytes | None:
@@ -463,10 +479,10 @@ def open_envelope(sealed: bytes, header: Header, kind: int, binding: bytes) -> b
     """Verify and open one sealed object; returns its payload, decompressed."""
     if len(sealed) < 8 or sealed[:3] != b"SFS":
         raise FormatError("not a sealed object")
-    if sealed[4] not in (CHUNK, SEGMENT, SNAPSHOT) or sealed[5] & ~0x01:
-        raise FormatError("unknown kind or reserved flag")
     if sealed[3] != 1:
         raise UnsupportedVersionError("envelope version")
+    if sealed[4] not in (CHUNK, SEGMENT, SNAPSHOT) or sealed[5] & ~0x01:
+        raise FormatError("unknown kind or reserved flag")
     if len(sealed) < 36:
         raise FormatError("sealed object shorter than its overhead")
     if sealed[4] != kind:
@@ -677,9 +693,9 @@ class State:
                 self.next_ino = max(self.next_ino, new.ino + 1)
             if node.extents is not None:
                 node.extents = _cut(node.extents, node.size)
-        elif code == 2:  # DEL_INODE
+        elif code == 2:  # DEL_INODE: nothing if absent
             (ino,) = _list(args, "DEL_INODE", 1)
-            del self.inodes[self.inode(ino).ino]
+            self.inodes.pop(_int(ino, 0, U64, "inode number"), None)
         elif code == 3:  # LINK
             dir_ino, name, ino = _list(args, "LINK", 3)
             directory = self.directory(dir_ino)
@@ -710,16 +726,16 @@ class State:
         elif code == 8:  # CHUNK
             cid, plain, stored = _list(args, "CHUNK", 3)
             self.chunks[_bin(cid, "chunk id", 32)] = (
-                _int(plain, 0, MAX_CHUNK, "plain size"),
-                _int(stored, 0, MAX_CHUNK + 36, "stored size"),
+                _int(plain, 0, U64, "plain size"),
+                _int(stored, 0, U64, "stored size"),
             )
         elif code == 9:  # WRITER
             host, pid, mount_id, since, released = _list(args, "WRITER", 5)
             if not isinstance(host, str) or not isinstance(released, bool):
                 raise FormatError("WRITER host or released")
             _int(pid, 0, U64, "pid")
-            _bin(mount_id, "mount id", 16)
-            _int(since, *_TIME, "since_ns")
+            _bin(mount_id, "mount id")
+            _int(since, 0, U64, "since_ns")
             self.writer = list(args)
         else:
             raise FormatError(f"unknown opcode {code}")
@@ -747,11 +763,11 @@ def load_snapshot(payload: bytes, gen: int) -> State:
         "snapshot",
     )  # fmt: skip
     if snap["gen"] != gen:
-        raise IntegrityError(f"snapshot s/{gen} holds generation {snap['gen']}")
+        raise FormatError(f"snapshot s/{gen} holds generation {snap['gen']}")
+    state = State(generation=gen, head=_bin(snap["head"], "head", 32))
     writer = snap.get("writer")
-    if writer is not None and not isinstance(writer, list):
-        raise FormatError("snapshot writer")
-    state = State(generation=gen, head=_bin(snap["head"], "head", 32), writer=writer)
+    if writer is not None:
+        state.apply([9, *_list(writer, "snapshot writer")])  # checked as a WRITER record
     state.next_ino = _int(snap["next_ino"], 0, U64, "next_ino")
     for raw in snap["inodes"]:
         row = _list(raw, "snapshot inode row", 14)
@@ -781,8 +797,8 @@ def load_snapshot(payload: bytes, gen: int) -> State:
     for row in snap["chunks"]:
         cid, plain, stored = _list(row, "snapshot chunk row", 3)
         state.chunks[_bin(cid, "chunk id", 32)] = (
-            _int(plain, 0, MAX_CHUNK, "plain"),
-            _int(stored, 0, MAX_CHUNK + 36, "stored"),
+            _int(plain, 0, U64, "plain"),
+            _int(stored, 0, U64, "stored"),
         )
     return state
 
@@ -894,7 +910,7 @@ class Reader:
                 payload, [("gen", int), ("prev", bytes), ("time", int), ("ops", list)], "segment"
             )
             if seg["gen"] != gen:
-                raise IntegrityError(f"l/{gen_name(gen)} holds generation {seg['gen']}")
+                raise FormatError(f"l/{gen_name(gen)} holds generation {seg['gen']}")
             prev = _bin(seg["prev"], "prev", 32)
             if prev != state.head:
                 if prev_sealed is not None and prev == hashlib.sha256(prev_sealed).digest():

@@ -12,6 +12,7 @@ authenticated must be refused by the reader.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import shutil
 import stat
@@ -76,6 +77,7 @@ def _first_session(mnt: Path) -> None:
     os.setxattr(d / "big", "user.one", b"1")
     os.setxattr(d / "big", "user.binary", bytes(range(256)))
     os.setxattr(d, "user.on-a-dir", b"")
+    os.setxattr(d / "empty", "trusted.t", b"root only")
     (d / "mode").write_bytes(b"x")
     os.chmod(d / "mode", 0o4751)
     os.chown(d / "mode", 1234, 5678)
@@ -387,3 +389,47 @@ def test_a_segment_sealed_as_the_format_says_is_read(copy: Copy) -> None:
 def test_a_wrong_passphrase_opens_nothing(copy: Copy) -> None:
     with pytest.raises(WrongKeyError):
         read_volume(copy.store, passphrase=b"not the passphrase\n")
+
+
+# ---------------------------------------------------------------------------
+# The worked examples of format.md, computed from the document's rules alone.
+
+
+def test_the_documents_worked_examples() -> None:
+    master, volume_id = bytes(range(0x40, 0x60)), bytes(range(16))
+    keys = reader.Subkeys.derive(master, volume_id)
+    assert keys.chunk_encryption.hex().startswith("f8e17ed1")
+    assert keys.chunk_encryption.hex().endswith("f13933")
+    seed = reader.hkdf(master, volume_id, b"sealfs/v1/chunker-seed", 8)
+    assert int.from_bytes(seed, "big") & 0x7FFFFFFF == 108758606
+    assert keys.chunk_id.hex().startswith("0ce47391") and keys.chunk_id.hex().endswith("cec0fc")
+    chunk_id = hmac.new(keys.chunk_id, b"hello chunk", hashlib.sha256).hexdigest()
+    assert chunk_id == "20deacafd2f7c08a09772de28defbc32c120595e940c75182c32e0993a10549f"
+
+    head = bytes.fromhex("5346530101010003")  # SFS, v1, CHUNK, zstd, epoch 3
+    nonce, binding = bytes(range(0x64, 0x70)), volume_id + bytes(range(0x20, 0x40))
+    sealed = head + nonce + AESGCM(bytes(range(32))).encrypt(nonce, b"chunk data", head + binding)
+    assert sealed.hex() == (
+        "5346530101010003" "6465666768696a6b6c6d6e6f" "2b73ab0812c932ff4a03"
+        "c7024713319f7e12446e011d74864a75"
+    )  # fmt: skip
+
+    text = "sfrk-ucq2-fi5e-uwtk-pkfj-vkv2-zlno-v6yl-dmvt-ws23-nn5y-xg5l-xpf5-x27q-b2i"
+    assert reader.parse_recovery_key(text) == bytes(range(0xA0, 0xC0))
+    assert reader.parse_recovery_key("\ufeff" + text.upper().replace("-", " ") + "\n") == bytes(
+        range(0xA0, 0xC0)
+    )
+    with pytest.raises(FormatError):
+        reader.parse_recovery_key(text[:-1] + "a")  # a typo: the checksum does not match
+
+    new_master = bytes(range(0x20, 0x40))
+    wrap = reader.hkdf(new_master, volume_id, b"sealfs/v1/retired-key-wrap", 32)
+    ad = b"sealfs/v1/retired-key" + volume_id + (3).to_bytes(2, "big")
+    wrapped = AESGCM(wrap).encrypt(bytes(range(12)), master, ad).hex()
+    assert wrapped.startswith("5d27d43e") and wrapped.endswith("3970f907")
+
+    # Canonical msgpack of passphrase params: 65536 is a uint 32, never an int 32.
+    params = {"salt": b"\0" * 16, "t": 1, "p": 4, "m": 65536, "kdf": "argon2id"}
+    packed = reader.canonical_packb(params)
+    assert packed.startswith(b"\x85\xa3kdf\xa8argon2id\xa1m\xce\x00\x01\x00\x00\xa1p\x04")
+    assert reader.unpackb(packed) == params
