@@ -11,12 +11,14 @@ authenticated must be refused by the reader.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
 import os
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -433,3 +435,19 @@ def test_the_documents_worked_examples() -> None:
     packed = reader.canonical_packb(params)
     assert packed.startswith(b"\x85\xa3kdf\xa8argon2id\xa1m\xce\x00\x01\x00\x00\xa1p\x04")
     assert reader.unpackb(packed) == params
+
+
+def test_the_reader_stays_independent_of_sealfs() -> None:
+    """The proof holds only while the reader owes nothing to the code it checks: it may
+    import the standard library and the three primitives' packages, nothing else."""
+    allowed = {"cryptography", "argon2", "zstandard", "__future__"}
+    tree = ast.parse(Path(reader.__file__).read_text())
+    imported = {
+        name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    }
+    assert imported - allowed <= set(sys.stdlib_module_names), imported
