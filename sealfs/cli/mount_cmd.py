@@ -206,9 +206,16 @@ def _serve(
         mountpoint,
         loaded.live.generation,
     )
+    served = False
+
+    def ready() -> None:
+        nonlocal served
+        served = True
+        report(0, "ready")
+
     try:
         with kept_current(seen, lambda: volume.commits.generation):
-            serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
+            serve(volume, mountpoint, ready, on_hangup)
     except SealfsError as exc:
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.
@@ -223,6 +230,8 @@ def _serve(
         )
         return exit_code(exc)
     except Exception as exc:
+        if not served:
+            raise  # reported to the caller as before (too few descriptors, say): no mount
         # A bug: the daemon ended without a word in its log, its mount gone, and the
         # directory under it took what agents wrote next (see serve).
         committed = volume.commits.last_commit_ns / 1e9

@@ -87,20 +87,28 @@ def serve(
 
     on_hangup runs at each SIGHUP (a daemon reopens its log file for logrotate).
 
-    Stopped by anything but a SealfsError (a bug), it leaves the mount dead, as a
-    crash does: every access then fails with ENOTCONN. Unmounted, the path led
+    Stopped, once on_ready ran, by anything but a SealfsError or an interrupt (a
+    bug), it leaves the mount dead, as a crash does: every access then fails with
+    ENOTCONN. Unmounted, the path led
     to the empty directory under it, and an agent that went on writing its
     checkpoints there wrote them in plaintext to local disk, with nothing to say
     that the volume was gone. `sealfs umount`, or the next `sealfs mount`,
     removes the dead mount.
     """
     _tune_malloc()
+    served = False
+
+    def ready() -> None:
+        nonlocal served
+        served = True
+        on_ready()
+
     unmount = False
     try:
-        trio.run(_main, volume, mountpoint, on_ready, on_hangup)
+        trio.run(_main, volume, mountpoint, ready, on_hangup)
         unmount = True
-    except SealfsError:
-        unmount = True
+    except (SealfsError, KeyboardInterrupt):
+        unmount = True  # the final commit failed, or Ctrl-C outside trio's signal handling
         raise
     except BaseExceptionGroup as group:
         # The final commit failed (the store unreachable, fenced...): trio wraps it in
@@ -114,7 +122,7 @@ def serve(
         # Whatever ended the loop is what the caller must report: a failing close must
         # not replace it.
         with contextlib.suppress(Exception):
-            pyfuse3.close(unmount=unmount)
+            pyfuse3.close(unmount=unmount or not served)  # nobody used it yet
 
 
 async def _main(
