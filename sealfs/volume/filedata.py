@@ -36,7 +36,7 @@ from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
 from sealfs.volume.buffers import BlockPool, SparseBuffer
-from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, ignore_unavailable
+from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, chunk_name, ignore_unavailable
 
 log = logging.getLogger("sealfs.volume")
 
@@ -584,8 +584,19 @@ async def _typed_nursery() -> AsyncIterator[trio.Nursery]:
 
 
 def _slice(chunk: bytes, piece: Extent) -> memoryview:
-    """The bytes of chunk that piece maps, without copying them."""
-    return memoryview(chunk)[piece.chunk_offset : piece.chunk_offset + piece.length]
+    """The bytes of chunk that piece maps, without copying them.
+
+    Raises FormatError if the chunk does not hold them (docs/format.md, extent rows):
+    sliced as they came, such a read came back short and every byte after it landed
+    early. Records are authenticated, so only a writer's bug could make one.
+    """
+    end = piece.chunk_offset + piece.length
+    if end > len(chunk):
+        raise FormatError(
+            f"an extent names bytes {piece.chunk_offset}..{end} of chunk"
+            f" {chunk_name(piece.chunk)}, which holds {len(chunk)}"
+        )
+    return memoryview(chunk)[piece.chunk_offset : end]
 
 
 def _spans(
