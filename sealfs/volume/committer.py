@@ -48,6 +48,7 @@ from sealfs.meta.codec import (
 )
 from sealfs.meta.compact import compact
 from sealfs.store.base import ObjectStore
+from sealfs.volume.buffers import SparseBuffer
 from sealfs.volume.chunks import RESERVED_WORKERS
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
@@ -341,7 +342,7 @@ class Committer:
             return False
         produced: list[ops.Op] = []
         try:
-            tail = await self._files.flush(job, produced, keep_tail=True)
+            tail = await self._flush_until_given_up(job, produced)
         except BaseException as exc:
             self._files.finish(job, None, failed=True)
             if isinstance(exc, StoreUnavailableError):
@@ -354,6 +355,23 @@ class Committer:
             produced = [op for op in produced if op[0] != ops.DATA]
         self.pending.extend(produced)
         return True
+
+    async def _flush_until_given_up(self, job: Detached, sink: list[ops.Op]) -> SparseBuffer:
+        """An early flush that stops at the first upload giving up on the store, as a
+        commit's flushes do: one whose merge read met a damaged old chunk meanwhile
+        retried unmerged and sent every upload again, each waiting the whole store
+        timeout a second time before the writers blocked on it got their error."""
+        gave_up: list[StoreUnavailableError] = []
+
+        def stop(exc: StoreUnavailableError) -> None:
+            gave_up.append(exc)
+            scope.cancel()
+
+        with trio.CancelScope() as scope:
+            tail = await self._files.flush(job, sink, keep_tail=True, on_unavailable=stop)
+        if gave_up:
+            raise gave_up[0]
+        return tail
 
     async def _flush_all(self, jobs: list[Detached], batch: list[ops.Op]) -> None:
         """Flush every detached file; raise the first failure once all have ended.

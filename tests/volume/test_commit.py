@@ -587,6 +587,57 @@ async def test_an_upload_giving_up_fails_the_commit_when_a_merge_read_failed_fir
         assert (await read_all(v, ino))[: len(new)] == new
 
 
+class DamagedNeighbourCountingStore(DamagedNeighbourStore):
+    """DamagedNeighbourStore that counts the chunk puts begun after one gave up."""
+
+    def __init__(self, inner: MemoryStore, damaged: str) -> None:
+        super().__init__(inner, damaged)
+        self.gave_up = threading.Event()
+        self.late = 0
+        self._lock = threading.Lock()
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.startswith("c/") and self.down:
+            with self._lock:
+                self.late += self.gave_up.is_set()
+            try:
+                super().put(name, data)
+            finally:
+                self.gave_up.set()
+        self.inner.put(name, data)
+
+
+async def test_an_early_flush_stops_once_an_upload_gave_up_even_after_a_merge_read_failed(
+    memory_store: MemoryStore, kdf_params: Argon2Params, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an early flush (a writer past flush_threshold) whose merge read met a
+    damaged old chunk while its uploads gave up on a stalled store retried unmerged, and
+    sent every upload again: each waited the whole store timeout a second time before
+    the blocked writers got their error. The commit's flushes stop at the first give-up;
+    now the early flush does too."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    size = filedata.WINDOW + (1 << 20)
+    async with session(memory_store, **QUIET) as v:
+        ino = await mkfile(v, ROOT_INO, b"f", os.urandom(size))
+        await v.fsync()
+        extents = v.inode(ino).extents
+        assert extents is not None
+        last = extents.covering(size - 1)
+        assert last is not None
+    monkeypatch.setattr(filedata, "MAX_JOBS", 64)  # the first window's uploads all at once
+    store = DamagedNeighbourCountingStore(memory_store, chunk_name(last.chunk))
+    new = os.urandom(size - (10 << 10))
+    async with mounted(store, io_threads=32, **QUIET) as v:  # type: ignore[arg-type]
+        await write_at(v, ino, 0, new)
+        with pytest.raises(StoreUnavailableError):
+            await v.commits.relieve_pressure()  # seals the file alone: an early flush
+        assert store.read.is_set() and store.gave_up.is_set()
+        assert store.late == 0
+        store.down = False
+        await v.fsync()
+        assert (await read_all(v, ino))[: len(new)] == new
+
+
 class HeldStore(WrappedStore):
     """Wraps a store that stopped answering: chunk puts wait until released, then give
     up on it (as RetryingStore does after the store timeout); counts those begun after
