@@ -7,6 +7,7 @@ epoch, the header holds no retired key, and secrets of the old epoch open nothin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -224,10 +225,7 @@ def test_daemon_killed_during_rekey_resumes_at_next_mount(mounted_env: VolumeEnv
     assert header(env.store).retired is not None  # type: ignore[attr-defined]
 
     env.mount()  # resumes by itself
-    deadline = time.monotonic() + 120
-    while not (env.status()["rekey"] or {}).get("finished"):
-        assert time.monotonic() < deadline, env.status()
-        time.sleep(0.1)
+    wait_for_the_rekey(env)
     check_tree(env.mnt, files)
     env.umount()
     assert set(epochs(env.store).values()) == {1}
@@ -284,10 +282,7 @@ def test_keyslot_changes_racing_a_mounted_rekey_never_lose_the_header(
         else:
             assert "changed meanwhile" in result.stderr, result.stderr
             refused += 1
-    deadline = time.monotonic() + 120
-    while not (env.status()["rekey"] or {}).get("finished"):
-        assert time.monotonic() < deadline, env.status()
-        time.sleep(0.1)
+    wait_for_the_rekey(env)
     env.umount()
     h = header(env.store)
     assert h.retired is None and h.data_epoch == 1  # type: ignore[attr-defined]
@@ -393,12 +388,54 @@ def test_the_key_probe_tells_a_daemon_that_keeps_the_attribute(volume_env: Volum
         volume_env.umount()
 
 
+def wait_for_the_rekey(env: VolumeEnv) -> None:
+    """Wait until the mount's daemon says its re-encryption has finished."""
+    deadline = time.monotonic() + 120
+    while not (env.status()["rekey"] or {}).get("finished"):
+        assert time.monotonic() < deadline, env.status()
+        time.sleep(0.1)
+
+
 def _waiting_for_flock(path: Path) -> bool:
     """Whether some process waits for a flock(2) on path (a blocked request in /proc/locks
     is marked "->")."""
     inode = f":{path.stat().st_ino} "
     with open("/proc/locks") as locks:
         return any("->" in line and "FLOCK" in line and inode in line for line in locks)
+
+
+@dataclasses.dataclass
+class HeldRekey:
+    process: subprocess.Popen[str]
+    err: str = ""  # its stderr, once it has ended
+
+
+@contextlib.contextmanager
+def rekey_held_before_its_header(env: VolumeEnv) -> Iterator[HeldRekey]:
+    """`sealfs rekey` of env's store, running, held just before it writes the new header
+    (the store's header lock, taken here, keeps it there): by then it has found the
+    mount, and the slots are re-wrapped. Let go, and waited for, when the block ends."""
+    lock_path = env.store / ".lock"
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
+                   "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
+        with subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        ) as running:  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not _waiting_for_flock(lock_path):
+                assert running.poll() is None, running.communicate()
+                assert time.monotonic() < deadline, "the rekey never reached the header"
+                time.sleep(0.01)
+            held = HeldRekey(running)
+            yield held
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            _, held.err = running.communicate(timeout=180)
+    finally:
+        os.close(lock)
 
 
 def test_a_mount_unmounted_during_a_rekey_never_gets_the_key_on_local_disk(
@@ -413,30 +450,14 @@ def test_a_mount_unmounted_during_a_rekey_never_gets_the_key_on_local_disk(
     busy until the key is handed over."""
     env = mounted_env
     (env.mnt / "f").write_bytes(b"x")
-    lock_path = env.store / ".lock"
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
-                   "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
-        with subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        ) as running:
-            deadline = time.monotonic() + 60
-            while not _waiting_for_flock(lock_path):
-                assert running.poll() is None, running.communicate()
-                assert time.monotonic() < deadline, "the rekey never reached the header"
-                time.sleep(0.01)
-            unmounted = sealfs("umount", str(env.mnt))  # by then the mount was found
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            _, err = running.communicate(timeout=180)
-    finally:
-        os.close(lock)
+    with rekey_held_before_its_header(env) as rekey:
+        unmounted = sealfs("umount", str(env.mnt))  # by then the mount was found
+    err = rekey.err
     if env.is_mounted():
         env.umount()
     assert REKEY_ATTRIBUTE not in os.listxattr(env.mnt), "the master key is on local disk"
     assert unmounted.returncode == BUSY, unmounted.stderr  # the mount waited for its key
-    assert running.returncode == 0, err
+    assert rekey.process.returncode == 0, err
     assert set(epochs(env.store).values()) == {1}
 
 
@@ -453,39 +474,20 @@ def test_a_mount_stopped_during_a_rekey_is_named_and_the_rekey_resumes(
     env = mounted_env
     (env.mnt / "f").write_bytes(b"x")
     (daemon,) = env.daemon_pids()
-    lock_path = env.store / ".lock"
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        command = [sys.executable, "-m", "sealfs.cli.main", "rekey", str(env.store),
-                   "--passphrase-file", str(env.passfile), "--drop-slot", "1"]  # fmt: skip
-        with subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        ) as running:  # fmt: skip
-            deadline = time.monotonic() + 60
-            while not _waiting_for_flock(lock_path):
-                assert running.poll() is None, running.communicate()
-                assert time.monotonic() < deadline, "the rekey never reached the header"
-                time.sleep(0.01)
-            os.kill(daemon, signal.SIGTERM)  # by then the mount was found
-            while env.daemon_pids():
-                assert time.monotonic() < deadline, "the daemon never stopped"
-                time.sleep(0.02)
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            _, err = running.communicate(timeout=180)
-    finally:
-        os.close(lock)
+    with rekey_held_before_its_header(env) as rekey:
+        os.kill(daemon, signal.SIGTERM)  # by then the mount was found
+        deadline = time.monotonic() + 60
+        while env.daemon_pids():
+            assert time.monotonic() < deadline, "the daemon never stopped"
+            time.sleep(0.02)
+    err = rekey.err
     assert not env.is_mounted()
     assert REKEY_ATTRIBUTE not in os.listxattr(env.mnt), "the master key is on local disk"
-    assert running.returncode == 1, err
+    assert rekey.process.returncode == 1, err
     assert str(env.mnt) in err and "the next mount of the volume resumes the rekey" in err, err
     assert header(env.store).retired is not None  # type: ignore[attr-defined]
     env.mount()  # resumes by itself
-    deadline = time.monotonic() + 120
-    while not (env.status()["rekey"] or {}).get("finished"):
-        assert time.monotonic() < deadline, env.status()
-        time.sleep(0.1)
+    wait_for_the_rekey(env)
     assert (env.mnt / "f").read_bytes() == b"x"
     env.umount()
     assert set(epochs(env.store).values()) == {1}

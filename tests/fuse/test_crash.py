@@ -291,20 +291,30 @@ def test_o_dsync_async_direct_write_survives_a_crash(volume_env: VolumeEnv) -> N
     assert data == b"\x5a" * 64 * 1024
 
 
-# Loaded by the daemon's Python at start-up (PYTHONPATH): its commit loop meets a bug,
-# an exception no code path expects, whose message quotes a file's name.
+# The daemon's commit loop meets a bug, an exception no code path expects, whose
+# message quotes a file's name.
 BUGGY_COMMITS = """
-import os
-if os.environ.get("SEALFS_TEST_BUGGY_COMMITS") == "1":
-    from sealfs.volume import committer
+from sealfs.volume import committer
 
-    NAME = "secret-plan.txt"  # not on the line a traceback shows
+NAME = "secret-plan.txt"  # not on the line a traceback shows
 
-    async def buggy(self, batch):
-        raise RuntimeError(f"no inode for {NAME}")
+async def buggy(self, batch):
+    raise RuntimeError(f"no inode for {NAME}")
 
-    committer.Committer._write_segment = buggy
+committer.Committer._write_segment = buggy
 """
+
+
+def mount_with_a_bug(env: VolumeEnv, tmp_path: Path, bug: str) -> None:
+    """Mount env with the code `bug` run at the daemon's start-up: a sitecustomize module
+    on its PYTHONPATH (this mount command's and its daemon's alone), so the real daemon
+    meets the bug, on a real mount."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(bug)
+    repo = Path(__file__).resolve().parents[2]
+    python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
+    env.mount(env={**os.environ, "PYTHONPATH": python_path})
 
 
 def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
@@ -315,12 +325,7 @@ def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
     wrote them in plaintext into the empty directory under the mountpoint. Now the
     mount is left dead, as after a crash (ENOTCONN), and the log says what happened."""
     env = volume_env
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(BUGGY_COMMITS)
-    repo = Path(__file__).resolve().parents[2]
-    python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
-    env.mount(env={**os.environ, "PYTHONPATH": python_path, "SEALFS_TEST_BUGGY_COMMITS": "1"})
+    mount_with_a_bug(env, tmp_path, BUGGY_COMMITS)
     (env.mnt / "secret-plan.txt").write_text("step 1")  # the next commit meets the bug
     deadline = time.monotonic() + 30
     while env.daemon_pids():
@@ -346,14 +351,12 @@ def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
 
 # As BUGGY_COMMITS, but the bug is met by the final commit alone, at unmount.
 BUGGY_CLOSE = """
-import os
-if os.environ.get("SEALFS_TEST_BUGGY_CLOSE") == "1":
-    from sealfs.volume import engine
+from sealfs.volume import engine
 
-    async def buggy(self):
-        raise RuntimeError("no inode for secret-plan.txt")
+async def buggy(self):
+    raise RuntimeError("no inode for secret-plan.txt")
 
-    engine.Volume.close = buggy
+engine.Volume.close = buggy
 """
 
 
@@ -364,12 +367,7 @@ def test_a_bug_in_the_final_commit_after_an_unmount_is_not_called_a_dead_mount(
     the mountpoint was "left as a dead mount" and told the operator to run 'sealfs
     umount' on it, which found nothing mounted there. It says the mount is gone."""
     env = volume_env
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(BUGGY_CLOSE)
-    repo = Path(__file__).resolve().parents[2]
-    python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
-    env.mount(env={**os.environ, "PYTHONPATH": python_path, "SEALFS_TEST_BUGGY_CLOSE": "1"})
+    mount_with_a_bug(env, tmp_path, BUGGY_CLOSE)
     (env.mnt / "f").write_text("step 1")
     env.umount()  # commits, unmounts; then the daemon's final commit meets the bug
     assert not env.is_mounted()

@@ -30,6 +30,7 @@ from sealfs.keys.slots import Passphrase
 from sealfs.meta import codec
 from sealfs.meta import compact as compaction
 from sealfs.meta.codec import SEGMENT_PREFIX, SNAPSHOT_PREFIX, parse_generation, segment_name
+from sealfs.meta.extents import Extent
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
@@ -527,6 +528,22 @@ async def test_no_upload_begins_once_a_wave_of_them_gave_up_on_the_store(
     assert len(load(memory_store).inodes) == count + 1
 
 
+async def file_and_its_last_chunk(
+    store: MemoryStore, kdf_params: Argon2Params, size: int
+) -> tuple[int, Extent]:
+    """A new volume holding file "f" of size random bytes, committed; its inode and the
+    extent of its last byte (the neighbour a flush of a write before it reads to merge)."""
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with session(store, **QUIET) as v:
+        ino = await mkfile(v, ROOT_INO, b"f", os.urandom(size))
+        await v.fsync()
+        extents = v.inode(ino).extents
+        assert extents is not None
+        last = extents.covering(size - 1)
+        assert last is not None
+    return ino, last
+
+
 class DamagedNeighbourStore(WrappedStore):
     """Wraps a store that stopped answering, where one old chunk reads back damaged:
     chunk puts give up on the store (as RetryingStore does after the store timeout)
@@ -561,15 +578,8 @@ async def test_an_upload_giving_up_fails_the_commit_when_a_merge_read_failed_fir
     (the first of its nursery's), retried unmerged, was cancelled at once, and nothing
     was left to say that the commit failed: its segment was published without the
     file's new bytes and fsync succeeded; a crash then lost them."""
-    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     size = filedata.WINDOW + (1 << 20)
-    async with session(memory_store, **QUIET) as v:
-        ino = await mkfile(v, ROOT_INO, b"f", os.urandom(size))
-        await v.fsync()
-        extents = v.inode(ino).extents
-        assert extents is not None
-        last = extents.covering(size - 1)
-        assert last is not None
+    ino, last = await file_and_its_last_chunk(memory_store, kdf_params, size)
     # The flush below uploads its first window's chunks all at once, then reads the old
     # bytes after its write to merge them: the last 10 KiB, in the last chunk, damaged.
     monkeypatch.setattr(filedata, "MAX_JOBS", 64)
@@ -615,15 +625,8 @@ async def test_an_early_flush_stops_once_an_upload_gave_up_even_after_a_merge_re
     sent every upload again: each waited the whole store timeout a second time before
     the blocked writers got their error. The commit's flushes stop at the first give-up;
     now the early flush does too."""
-    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     size = filedata.WINDOW + (1 << 20)
-    async with session(memory_store, **QUIET) as v:
-        ino = await mkfile(v, ROOT_INO, b"f", os.urandom(size))
-        await v.fsync()
-        extents = v.inode(ino).extents
-        assert extents is not None
-        last = extents.covering(size - 1)
-        assert last is not None
+    ino, last = await file_and_its_last_chunk(memory_store, kdf_params, size)
     monkeypatch.setattr(filedata, "MAX_JOBS", 64)  # the first window's uploads all at once
     store = DamagedNeighbourCountingStore(memory_store, chunk_name(last.chunk))
     new = os.urandom(size - (10 << 10))
