@@ -446,11 +446,15 @@ def run_sync(args: argparse.Namespace) -> int:
 
 
 def _daemon_log(status: dict[str, object]) -> str:
-    """Where the daemon's log lines are, as the failure messages name it."""
+    """Where the daemon's log lines are, as the failure messages name it: in a log file,
+    by its pid too, since the default log file is every mount's (a host running a
+    volume per agent has ten daemons writing there)."""
     log_file = daemon_log_file(status)
     if log_file is None:
         return "the daemon's log file (its daemon, of an older sealfs, does not say which)"
-    return f"the daemon log {log_file}" if log_file else "the daemon's stderr"
+    if not log_file:
+        return "the daemon's stderr"
+    return f"the daemon log {log_file} (its lines marked [{status.get('pid')}])"
 
 
 def daemon_log_file(status: dict[str, object]) -> str | None:

@@ -547,7 +547,7 @@ def test_an_older_daemon_s_log_file_is_named_not_taken_for_stderr(tmp_path: Path
         try:
             status = OLD_DAEMON_STATUS | {"pid": daemon.pid}
             assert dict(_rows(status))["daemon log"] == str(log)
-            assert _daemon_log(status) == f"the daemon log {log}"
+            assert _daemon_log(status) == f"the daemon log {log} (its lines marked [{daemon.pid}])"
         finally:
             daemon.kill()
     with subprocess.Popen(["sleep", "60"], stderr=subprocess.PIPE) as daemon:
@@ -560,6 +560,14 @@ def test_an_older_daemon_s_log_file_is_named_not_taken_for_stderr(tmp_path: Path
     foreground = OLD_DAEMON_STATUS | {"pid": os.getpid(), "log_file": None}  # a new daemon
     assert dict(_rows(foreground))["daemon log"] == "its stderr (--foreground)"
     assert _daemon_log(foreground) == "the daemon's stderr"
+
+
+def test_a_failure_names_the_daemon_s_lines_in_a_shared_log() -> None:
+    """Every mount started without --log-file logs to the one default file, and a
+    host running a volume per agent has ten daemons writing there: "see the daemon
+    log FILE" did not say which of its lines were this mount's. They carry its pid."""
+    status = OLD_DAEMON_STATUS | {"pid": 4242, "log_file": "/var/log/sealfs.log"}
+    assert _daemon_log(status) == "the daemon log /var/log/sealfs.log (its lines marked [4242])"
 
 
 def test_status_shows_paths_as_they_are(tmp_path: Path) -> None:
