@@ -210,8 +210,8 @@ def _serve(
 
     def ready() -> None:
         nonlocal served
-        served = True
         report(0, "ready")
+        served = True  # as serve() counts it: a failed report is an error before ready
 
     try:
         with kept_current(seen, lambda: volume.commits.generation):

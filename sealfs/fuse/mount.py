@@ -87,7 +87,7 @@ def serve(
 
     on_hangup runs at each SIGHUP (a daemon reopens its log file for logrotate).
 
-    Stopped, once on_ready ran, by anything but a SealfsError or an interrupt (a
+    Stopped, once on_ready returned, by anything but a SealfsError or an interrupt (a
     bug), it leaves the mount dead, as a crash does: every access then fails with
     ENOTCONN. Unmounted, the path led
     to the empty directory under it, and an agent that went on writing its
@@ -100,8 +100,10 @@ def serve(
 
     def ready() -> None:
         nonlocal served
-        served = True
         on_ready()
+        # Only once it is said: a report that failed (EPIPE, `sealfs mount` killed) told
+        # nobody of the mount, which must not be left dead as a bug met serving it.
+        served = True
 
     unmount = False
     try:

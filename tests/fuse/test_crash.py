@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -305,7 +306,9 @@ committer.Committer._write_segment = buggy
 """
 
 
-def mount_with_a_bug(env: VolumeEnv, tmp_path: Path, bug: str) -> None:
+def mount_with_a_bug(
+    env: VolumeEnv, tmp_path: Path, bug: str, *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Mount env with the code `bug` run at the daemon's start-up: a sitecustomize module
     on its PYTHONPATH (this mount command's and its daemon's alone), so the real daemon
     meets the bug, on a real mount."""
@@ -314,7 +317,7 @@ def mount_with_a_bug(env: VolumeEnv, tmp_path: Path, bug: str) -> None:
     (inject / "sitecustomize.py").write_text(bug)
     repo = Path(__file__).resolve().parents[2]
     python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
-    env.mount(env={**os.environ, "PYTHONPATH": python_path})
+    return env.mount(check=check, env={**os.environ, "PYTHONPATH": python_path})
 
 
 def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
@@ -377,4 +380,47 @@ def test_a_bug_in_the_final_commit_after_an_unmount_is_not_called_a_dead_mount(
     assert f"{env.mnt} was unmounted already" in log, log
     env.mount()
     assert (env.mnt / "f").read_text() == "step 1"
+    env.umount()
+
+
+# The `sealfs mount` command dies (killed: Ctrl-C, timeout(1)) while its daemon claims
+# the writer, before the daemon reports the mount ready through the pipe.
+CALLER_DIES = """
+import os, signal, time
+from sealfs.cli import mount_cmd
+
+claim = mount_cmd.claim_writer
+
+def claim_once_the_caller_died(loaded):
+    caller = os.getppid()
+    os.kill(caller, signal.SIGKILL)
+    while os.getppid() == caller:
+        time.sleep(0.01)
+    claim(loaded)
+
+mount_cmd.claim_writer = claim_once_the_caller_died
+"""
+
+
+def test_a_mount_whose_caller_died_before_it_was_ready_is_not_left_dead(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: the daemon counted its mount as served before it reported "ready".
+    When `sealfs mount` had died meanwhile (killed by a timeout or Ctrl-C), the report
+    through the pipe failed (EPIPE) and the daemon took that for a bug met while
+    serving: it left a dead mount nobody had been told of, and logged a CRITICAL "bug
+    in sealfs" telling the operator to unmount it. An error before the mount was ready
+    unmounts it, as the mount never got its "ready" to anyone."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, CALLER_DIES, check=False)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    log = env.log_text()
+    assert not env.is_mounted(), log
+    assert "a bug in sealfs" not in log, log
+    env.mount()  # nothing left to clear first
+    (env.mnt / "f").write_text("step 1")
     env.umount()
