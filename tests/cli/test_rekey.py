@@ -425,15 +425,22 @@ def rekey_held_before_its_header(env: VolumeEnv) -> Iterator[HeldRekey]:
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         ) as running:  # fmt: skip
-            deadline = time.monotonic() + 60
-            while not _waiting_for_flock(lock_path):
-                assert running.poll() is None, running.communicate()
-                assert time.monotonic() < deadline, "the rekey never reached the header"
-                time.sleep(0.01)
-            held = HeldRekey(running)
-            yield held
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            _, held.err = running.communicate(timeout=180)
+            try:
+                deadline = time.monotonic() + 60
+                while not _waiting_for_flock(lock_path):
+                    assert running.poll() is None, running.communicate()
+                    assert time.monotonic() < deadline, "the rekey never reached the header"
+                    time.sleep(0.01)
+                held = HeldRekey(running)
+                yield held
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                _, held.err = running.communicate(timeout=180)
+            except BaseException:
+                # Popen's exit waits for the command, which waits for the lock held here:
+                # a failure (of the block, or of the command to end) hung until the
+                # suite's timeout, and the rekey then ran on behind the failed test.
+                running.kill()
+                raise
     finally:
         os.close(lock)
 
@@ -491,3 +498,20 @@ def test_a_mount_stopped_during_a_rekey_is_named_and_the_rekey_resumes(
     assert (env.mnt / "f").read_bytes() == b"x"
     env.umount()
     assert set(epochs(env.store).values()) == {1}
+
+
+def test_a_failing_block_ends_the_held_rekey_instead_of_waiting_for_it(
+    volume_env: VolumeEnv,
+) -> None:
+    """Regression (tests): a block of rekey_held_before_its_header that failed (a daemon
+    that never stopped, say) left the command waiting for the header lock the helper
+    still held, and Popen's exit waited for the command: the test hung until the
+    suite's timeout, which then let the rekey loose behind it. The command is killed,
+    and the block's own failure is what the test reports."""
+    with (
+        pytest.raises(AssertionError, match="the block failed"),
+        rekey_held_before_its_header(volume_env) as rekey,
+    ):
+        raise AssertionError("the block failed")
+    assert rekey.process.returncode == -signal.SIGKILL
+    assert header(volume_env.store).retired is None  # type: ignore[attr-defined]
