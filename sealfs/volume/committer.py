@@ -360,15 +360,25 @@ class Committer:
         """An early flush that stops at the first upload giving up on the store, as a
         commit's flushes do: one whose merge read met a damaged old chunk meanwhile
         retried unmerged and sent every upload again, each waiting the whole store
-        timeout a second time before the writers blocked on it got their error."""
+        timeout a second time before the writers blocked on it got their error.
+
+        The give-up is what it raises, whatever the flush ended with (as _flush_all
+        does): a merge read's StoreError came first, raised alone, and the commit
+        waiting at the gate was not told (_early_gave_up) and uploaded everything again.
+        """
         gave_up: list[StoreUnavailableError] = []
 
         def stop(exc: StoreUnavailableError) -> None:
             gave_up.append(exc)
             scope.cancel()
 
-        with trio.CancelScope() as scope:
-            tail = await self._files.flush(job, sink, keep_tail=True, on_unavailable=stop)
+        try:
+            with trio.CancelScope() as scope:
+                tail = await self._files.flush(job, sink, keep_tail=True, on_unavailable=stop)
+        except Exception:
+            if gave_up:
+                raise gave_up[0] from None
+            raise
         if gave_up:
             raise gave_up[0]
         return tail

@@ -641,6 +641,41 @@ async def test_an_early_flush_stops_once_an_upload_gave_up_even_after_a_merge_re
         assert (await read_all(v, ino))[: len(new)] == new
 
 
+class RefusedNeighbourStore(DamagedNeighbourStore):
+    """DamagedNeighbourStore whose old chunk is refused, not damaged: its read fails with
+    a StoreError that no retry clears (access denied), and a flush does not retry
+    unmerged after it, as after a damaged chunk."""
+
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        if name == self.damaged and self.down:
+            self.read.set()
+            raise StoreError(f"{name}: access denied")
+        return self.inner.get(name, max_size)
+
+
+async def test_an_early_flush_whose_upload_gave_up_says_so_when_another_error_came_first(
+    memory_store: MemoryStore, kdf_params: Argon2Params, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an early flush whose merge read failed (a StoreError, first of its
+    nursery's) while its uploads gave up on the store raised the read's error alone:
+    the give-up was dropped, so the commit waiting at the gate for that flush was not
+    told the store was given up on, and sent every upload again, each waiting the whole
+    store timeout. The commit's own flushes report the give-up whatever came first."""
+    size = filedata.WINDOW + (1 << 20)
+    ino, last = await file_and_its_last_chunk(memory_store, kdf_params, size)
+    monkeypatch.setattr(filedata, "MAX_JOBS", 64)  # the first window's uploads all at once
+    store = RefusedNeighbourStore(memory_store, chunk_name(last.chunk))
+    new = os.urandom(size - (10 << 10))
+    async with mounted(store, io_threads=32, **QUIET) as v:  # type: ignore[arg-type]
+        await write_at(v, ino, 0, new)
+        with pytest.raises(StoreUnavailableError):
+            await v.commits.relieve_pressure()  # seals the file alone: an early flush
+        assert store.read.is_set()
+        store.down = False
+        await v.fsync()
+        assert (await read_all(v, ino))[: len(new)] == new
+
+
 class HeldStore(WrappedStore):
     """Wraps a store that stopped answering: chunk puts wait until released, then give
     up on it (as RetryingStore does after the store timeout); counts those begun after
