@@ -615,6 +615,11 @@ class Volume:
         inode = self.inode(handle.ino)
         if self._flush_errno is not None and self.files.buffered_bytes > self.options.max_buffered:
             raise FsError(self._flush_errno)  # refused before buffering: nothing was written
+        if not data:
+            # POSIX: no other results. Linux sends none through FUSE, but a write of no
+            # bytes past the end must not grow the file, nor touch its times, in memory
+            # alone: with no bytes for a commit to record, a remount would undo both.
+            return 0
         if handle.flags & os.O_APPEND:
             offset = inode.size
         self.files.write(inode, offset, data)

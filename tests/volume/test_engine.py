@@ -496,6 +496,23 @@ async def test_sparse_write_reads_zeros_in_the_hole(volume_store: ObjectStore) -
         await v.release(fh)
 
 
+async def test_a_write_of_no_bytes_changes_nothing(volume_store: ObjectStore) -> None:
+    """Regression (found by tests/spec/test_reader_differential.py): write() of no bytes
+    set the size (past the end of the file) and the times in memory, but left nothing
+    for a commit to record, so the file showed them until the next mount and lost them
+    then. POSIX: a write of no bytes to a regular file has no other results."""
+    async with session(volume_store) as v:
+        f = await mkfile(v, ROOT_INO, b"f", b"data")
+        await v.fsync()
+        before = await v.getattr(f)
+        await write_at(v, f, 100, b"")
+        await write_at(v, f, 0, b"")
+        assert await v.getattr(f) == before
+        await v.fsync()
+    async with session(volume_store) as v:
+        assert await v.getattr(f) == before
+
+
 async def test_setgid_directory_passes_its_group_on(volume_store: ObjectStore) -> None:
     async with session(volume_store) as v:
         d = await v.mkdir(ROOT_INO, b"d", 0o2775, UID, 4242)
