@@ -133,6 +133,7 @@ def run_mount(args: argparse.Namespace) -> int:
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded, seen, recorded = unlock_seen(args, accepting=args.accept_rollback)
         seen.check(recorded, loaded.live.generation)
+        seen.warn_if_behind_elsewhere(loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         volume = Volume(loaded, options)

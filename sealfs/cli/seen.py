@@ -107,17 +107,63 @@ class SeenVolume:
         if recorded is None or generation >= recorded[0] or self.accepting:
             return
         newest, at_ns = recorded
-        try:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
-        except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
-            when = "at an unknown time"
         raise RolledBackError(
             f"the {self.location} holds generation {generation} of volume"
-            f" {self.volume_id.hex()}, but this host saw generation {newest} there ({when}):"
+            f" {self.volume_id.hex()}, but this host saw generation {newest} there"
+            f" ({_when(at_ns)}):"
             f" the store was rolled back or restored from an older copy, and what was"
             f" committed after generation {generation} is not in it. If you restored it on"
             f" purpose, mount once with --accept-rollback"
         )
+
+    def warn_if_behind_elsewhere(self, generation: int) -> None:
+        """Warn if this host saw a newer generation of the volume at another location.
+
+        A copy of a volume (a store moved to S3 or back, a backup) mounts as a
+        volume of its own and diverges without harm, so this is no refusal. But
+        after a move, mounting the old location by mistake (a unit not yet
+        changed) wrote to a copy left behind without a word, and what the
+        agents wrote there never reached the copy in use.
+        """
+        newest = max(self._elsewhere(), default=None)
+        if newest is None or newest[0] <= generation:
+            return
+        newer, at_ns, location = newest
+        log.warning(
+            "this host saw generation %d of volume %s at the %s (%s), but the %s holds"
+            " generation %d: this store is a separate copy, behind it; what is written"
+            " here does not reach that one. If the volume moved there, unmount this"
+            " one and retire this copy (README, \"Moving a volume to another store\")",
+            newer, self.volume_id.hex(), location, _when(at_ns), self.location, generation,
+        )  # fmt: skip
+
+    def _elsewhere(self) -> Iterator[tuple[int, int, str]]:
+        """(generation, when recorded, location) of each of this volume's records at
+        other locations; unusable ones are skipped (this is a hint on a hint)."""
+        try:
+            directory = self.path.parent
+            paths = sorted(directory.glob(f"{self.volume_id.hex()}-*.json"))
+        except (ConfigError, OSError):
+            return
+        for path in paths:
+            if path == self.path:
+                continue
+            try:
+                record = json.loads(read_regular_file(path, _MAX_RECORD))
+                generation, at_ns = record.get("generation"), record.get("seen_at_ns")
+                location, volume = record.get("store"), record.get("volume_id")
+            # Unreadable, not JSON, not an object, or nested past the parser (as recorded()).
+            except (OSError, FileTooLargeError, NotARegularFileError, ValueError, AttributeError,
+                    RecursionError):  # fmt: skip
+                continue
+            if (
+                type(generation) is int
+                and type(at_ns) is int
+                and isinstance(location, str)
+                and volume == self.volume_id.hex()
+                and location != self.location
+            ):
+                yield generation, at_ns, location
 
     def remember(self, generation: int, *, replace: bool = False) -> None:
         """Record generation as seen, unless a newer one is (replace: record it anyway)."""
@@ -233,6 +279,14 @@ class SeenVolume:
                 ):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
+
+
+def _when(at_ns: int) -> str:
+    """A record's time as a person reads it."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
+    except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
+        return "at an unknown time"
 
 
 def _is_token(text: str) -> bool:

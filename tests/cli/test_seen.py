@@ -417,3 +417,44 @@ def _locked_elsewhere(directory: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def test_a_copy_behind_what_this_host_saw_elsewhere_is_named(
+    state: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: after a volume moved (local to S3, say), mounting the old copy by
+    mistake wrote to it without a word, while the moved copy went on diverging."""
+    old = SeenVolume(VOLUME, "local store at /srv/agent on alpha")
+    moved = SeenVolume(VOLUME, "s3 store s3://bucket/agent at https://s3.example")
+    old.remember(7)
+    moved.remember(12)
+    SeenVolume(OTHER_VOLUME, "s3 store s3://bucket/other at https://s3.example").remember(40)
+    with caplog.at_level(logging.WARNING, logger="sealfs.cli.seen"):
+        moved.warn_if_behind_elsewhere(12)  # the newest copy: nothing to say
+        assert not caplog.records
+        old.warn_if_behind_elsewhere(7)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "s3://bucket/agent" in message and "generation 12" in message, message
+    assert "generation 7" in message and VOLUME.hex() in message, message
+    assert "s3://bucket/other" not in message and "\n" not in message, message
+
+
+def test_mounting_the_old_copy_of_a_moved_volume_warns(volume_env: VolumeEnv) -> None:
+    """The old store, mounted after the volume moved and was written at its new place,
+    mounts (a copy is a volume of its own) but says which copy is ahead of it."""
+    env = volume_env
+    env.mount()
+    (env.mnt / "first").write_text("1")
+    env.umount()
+    moved = env.root / "moved"
+    shutil.copytree(env.store, moved)
+    args = ["--passphrase-file", str(env.passfile), "--log-file", str(env.log)]
+    first = sealfs("mount", str(moved), str(env.mnt), *args)
+    assert first.returncode == 0, first.stderr
+    (env.mnt / "second").write_text("2")
+    env.umount()
+    assert "separate copy" not in first.stderr, first.stderr  # it was not behind
+    result = env.mount()
+    env.umount()
+    assert "separate copy" in result.stderr and str(moved) in result.stderr, result.stderr
