@@ -159,6 +159,9 @@ class Committer:
         """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
         self.generation = self._live.generation
         self._head_hash = self._live.head_hash
+        # The writer's claim (made after this was built, by the process that writes) is
+        # a commit too: status showed the one before it as the last.
+        self.last_commit_ns = self._live.committed_ns
         # The newest snapshot and the segments after it: what compaction starts from.
         self._base = self._loaded.base
         self._tail = self._loaded.tail

@@ -7,11 +7,16 @@ from typing import Any
 import pytest
 import trio.lowlevel
 
+from sealfs.keys.slots import Passphrase
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume import status
+from sealfs.volume.engine import Volume
+from sealfs.volume.loader import claim_writer, open_volume
+from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
+from tests.conftest import PASSPHRASE
 from tests.volume.test_engine import GID, RW, UID, install_cached_unlock, mkfile, session
 from tests.volume.test_filedata import (
     SMALL,
@@ -149,3 +154,19 @@ async def test_a_mount_s_status_lets_other_requests_in_while_it_counts(
 
 async def _ino(volume: Any, name: bytes) -> int:
     return int((await volume.lookup(ROOT_INO, name)).ino)
+
+
+async def test_the_last_commit_after_a_mount_is_the_writer_s_claim(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: the daemon builds its Volume before it claims the writer, and the
+    claim is a commit; status then gave the previous commit's time for the claim's
+    generation, and a final commit that failed named that older time as the last."""
+    loaded = open_volume(volume_store, Passphrase(PASSPHRASE))
+    before = loaded.live.committed_ns
+    volume = Volume(loaded, VolumeOptions(commit_interval=3600.0))  # as `sealfs mount` does
+    claim_writer(loaded)
+    assert loaded.live.committed_ns > before
+    async with volume.running():
+        assert volume.commits.generation == loaded.live.generation
+        assert volume.commits.last_commit_ns == loaded.live.committed_ns
