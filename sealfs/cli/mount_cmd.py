@@ -20,7 +20,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize, reopen_log
 from sealfs.cli.exitcodes import BUG, BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
-from sealfs.cli.paths import inside, state_dir, user_path
+from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
@@ -356,7 +356,7 @@ def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
             raise ConfigError(f"{exc}, pass --log-file FILE, or mount with --foreground") from None
         try:
             # 0700, as the XDG base directory spec asks of a directory it creates.
-            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_state_dirs(state)
         except OSError as exc:
             # A service account's home is often missing or not its own (/nonexistent):
             # this said only "Permission denied: /nonexistent" (exit 1).

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from sealfs.errors import ConfigError
+from sealfs.store.files import make_dirs
 from sealfs.store.url import is_local_url, local_path, xdg_base_dir
 
 
@@ -15,6 +16,14 @@ def state_dir() -> Path:
     Raises ConfigError if there is no home to put it in (and no XDG_STATE_HOME)."""
     # An unset, empty or relative XDG_STATE_HOME is ignored, as the XDG spec says.
     return xdg_base_dir("XDG_STATE_HOME", ".local", "state") / "sealfs"
+
+
+def make_state_dirs(directory: Path) -> None:
+    """mkdir -p of a directory under state_dir(), the owner's only from the XDG state
+    base down, as the XDG spec asks of a base directory made for it: with parents=True
+    alone, the base and sealfs's directory came out 0755 whatever the mode asked for
+    (it holds the log, and the names of the volumes this host mounts)."""
+    make_dirs(directory, root=state_dir().parent)
 
 
 def user_path(text: str) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealfs.cli.paths import state_dir
+from sealfs.cli.paths import make_state_dirs, state_dir
 from sealfs.errors import ConfigError, RolledBackError
 from sealfs.store.base import (
     ObjectStore,
@@ -193,7 +193,7 @@ class SeenVolume:
         (a read-only and a read-write mount of the same volume both keep it), so that a
         slower one never lowers it."""
         directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_state_dirs(directory)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             _lock_within(fd, LOCK_WAIT)

@@ -205,6 +205,26 @@ def test_no_usable_state_directory_is_a_warning_not_a_failure(
     assert "generation 8" not in caplog.text
 
 
+def test_a_state_directory_made_for_sealfs_is_the_owner_s_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: mkdir(mode=0o700, parents=True) gives the mode to the last directory
+    only: a missing XDG state base and sealfs's directory in it came out 0755 (they hold
+    the default log, and the names of the volumes this host mounts). The XDG spec asks
+    0700 of a base directory made for it; what lies above it is left as mkdir -p makes it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home" / "state"))
+    old = os.umask(0o022)
+    try:
+        SeenVolume(VOLUME, "local store at /srv/agent").remember(7)
+    finally:
+        os.umask(old)
+    modes = {
+        path.name: stat.S_IMODE(path.stat().st_mode)
+        for path in (tmp_path / "home", state_dir().parent, state_dir(), state_dir() / "seen")
+    }
+    assert modes == {"home": 0o755, "state": 0o700, "sealfs": 0o700, "seen": 0o700}
+
+
 def test_a_relative_or_empty_state_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     home = Path.home() / ".local" / "state" / "sealfs"
     for value in ("", "relative/state"):
