@@ -111,10 +111,6 @@ R = TypeVar("R")
 OnUnavailable = Callable[[StoreUnavailableError], None]
 
 
-def ignore_unavailable(_: StoreUnavailableError) -> None:
-    """The default OnUnavailable: the upload's error reaches its caller anyway."""
-
-
 class Chunks:
     """The chunk side of the data path for one unlocked volume."""
 
@@ -178,7 +174,7 @@ class Chunks:
         self,
         plaintext: bytes | memoryview,
         known: Container[bytes],
-        on_unavailable: OnUnavailable = ignore_unavailable,
+        on_unavailable: OnUnavailable,
     ) -> StoredChunk:
         """Make sure a chunk with this content is in the store (skipping known ids).
 
@@ -238,7 +234,7 @@ class Chunks:
         self,
         pieces: list[bytes],
         known: Container[bytes],
-        on_unavailable: OnUnavailable = ignore_unavailable,
+        on_unavailable: OnUnavailable,
     ) -> list[StoredChunk]:
         """store() for many small pieces at once (thread hops dominate for small files)."""
         results = await self._upload(self._seal_and_put_many, pieces, known, on_unavailable)

@@ -36,7 +36,7 @@ from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
 from sealfs.volume.buffers import BlockPool, SparseBuffer
-from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, chunk_name, ignore_unavailable
+from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, chunk_name
 
 log = logging.getLogger("sealfs.volume")
 
@@ -300,7 +300,7 @@ class FileData:
         self,
         group: list[tuple[Detached, int, bytes]],
         sink: list[ops.Op],
-        on_unavailable: OnUnavailable = ignore_unavailable,
+        on_unavailable: OnUnavailable,
     ) -> None:
         """Seal many small files in one worker-thread call, then record each of them.
 
@@ -330,7 +330,7 @@ class FileData:
         sink: list[ops.Op],
         *,
         keep_tail: bool,
-        on_unavailable: OnUnavailable = ignore_unavailable,
+        on_unavailable: OnUnavailable,
     ) -> SparseBuffer:
         """Seal a detached buffer into chunks and record the new extents into sink.
 
