@@ -375,13 +375,12 @@ class Committer:
             gave_up.append(exc)
             scope.cancel()
 
-        try:
-            with trio.CancelScope() as scope:
+        with trio.CancelScope() as scope:
+            try:
                 tail = await self._files.flush(job, sink, keep_tail=True, on_unavailable=stop)
-        except Exception:
-            if gave_up:
-                raise gave_up[0] from None
-            raise
+            except Exception:
+                if not gave_up:
+                    raise
         if gave_up:
             raise gave_up[0]
         return tail
