@@ -33,6 +33,7 @@ from sealfs.cli.unlock import (
 )
 from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (
+    StoppedByBug,
     abandon,
     fusermount,
     is_mounted,
@@ -207,63 +208,50 @@ def _serve(
         mountpoint,
         loaded.live.generation,
     )
-    served = False
-
-    def ready() -> None:
-        nonlocal served
-        report(0, "ready")
-        served = True  # as serve() counts it: a failed report is an error before ready
-
     try:
         with kept_current(seen, lambda: volume.commits.generation):
-            serve(volume, mountpoint, ready, on_hangup)
+            serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
     except SealfsError as exc:
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.
-        committed = volume.commits.last_commit_ns / 1e9
         log.error(
             "unmounted %s without its final commit: %s. Data written after the last"
-            " commit (generation %d, %s) is lost.",
+            " commit (%s) is lost.",
             mountpoint,
             exc,
-            volume.commits.generation,
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
+            _last_commit(volume),
         )
         return exit_code(exc)
-    except Exception as exc:
-        if not served:
-            raise  # reported to the caller as before (too few descriptors, say): no mount
-        # A bug: the daemon ended without a word in its log, its mount gone, and the
-        # directory under it took what agents wrote next (see serve).
-        committed = volume.commits.last_commit_ns / 1e9
-        when = (
-            volume.commits.generation,
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(committed)),
-        )
-        if not is_mounted(mountpoint):
-            # Met after the kernel unmounted (sealfs umount, fusermount3 -u): there is
-            # no dead mount to remove, and 'sealfs umount' would find nothing there.
-            log.critical(
-                "stopped by an unexpected error, a bug in sealfs (please report it): %s"
-                " was unmounted already, so no dead mount is left. Data written after the"
-                " last commit (generation %d, %s) is lost.",
-                mountpoint,
-                *when,
-                exc_info=exc,
+    except StoppedByBug as stopped:
+        # The daemon ended without a word in its log, its mount gone, and the directory
+        # under it took what agents wrote next (see serve). Met after the kernel had
+        # unmounted (sealfs umount, fusermount3 -u), there is no dead mount to remove.
+        if is_mounted(mountpoint):
+            left = (
+                f"{mountpoint} is left as a dead mount, so that nothing is written to the"
+                " directory under it"
             )
-            return BUG
+            then = f" Run 'sealfs umount {mountpoint}', then mount again."
+        else:
+            left, then = f"{mountpoint} was unmounted already, so no dead mount is left", ""
         log.critical(
-            "stopped by an unexpected error, a bug in sealfs (please report it): %s is"
-            " left as a dead mount, so that nothing is written to the directory under"
-            " it. Data written after the last commit (generation %d, %s) is lost. Run"
-            " 'sealfs umount %s', then mount again.",
-            mountpoint,
-            *when,
-            mountpoint,
-            exc_info=exc,
+            "stopped by an unexpected error, a bug in sealfs (please report it): %s. Data"
+            " written after the last commit (%s) is lost.%s",
+            left,
+            _last_commit(volume),
+            then,
+            exc_info=stopped.__cause__,
         )
         return BUG
     return 0
+
+
+def _last_commit(volume: Volume) -> str:
+    """The last commit, as the lines naming what a failed stop lost give it."""
+    committed = time.localtime(volume.commits.last_commit_ns / 1e9)
+    return (
+        f"generation {volume.commits.generation}, {time.strftime('%Y-%m-%d %H:%M:%S', committed)}"
+    )
 
 
 def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:

@@ -77,6 +77,11 @@ def abandon() -> None:
     pyfuse3.close(unmount=True)
 
 
+class StoppedByBug(Exception):
+    """serve() was stopped, after the mount was ready, by an error no code path expects
+    (its __cause__): the mount is left dead (see serve), for the caller to report."""
+
+
 def serve(
     volume: Volume,
     mountpoint: str,
@@ -93,7 +98,8 @@ def serve(
     to the empty directory under it, and an agent that went on writing its
     checkpoints there wrote them in plaintext to local disk, with nothing to say
     that the volume was gone. `sealfs umount`, or the next `sealfs mount`,
-    removes the dead mount.
+    removes the dead mount. Raises StoppedByBug from that error then; an error
+    before on_ready returned (nobody used the mount) unmounts and is raised as it is.
     """
     _tune_malloc()
     served = False
@@ -112,14 +118,17 @@ def serve(
     except (SealfsError, KeyboardInterrupt):
         unmount = True  # the final commit failed, or Ctrl-C outside trio's signal handling
         raise
-    except BaseExceptionGroup as group:
-        # The final commit failed (the store unreachable, fenced...): trio wraps it in
-        # its nurseries' groups. Raise the error itself, for the caller to report.
-        failures, rest = group.split(SealfsError)
-        if failures is None or rest is not None:
-            raise
-        unmount = True
-        raise first_leaf(failures) from group
+    except Exception as exc:
+        if isinstance(exc, ExceptionGroup):
+            # The final commit failed (the store unreachable, fenced...): trio wraps it in
+            # its nurseries' groups. Raise the error itself, for the caller to report.
+            failures, rest = exc.split(SealfsError)
+            if failures is not None and rest is None:
+                unmount = True
+                raise first_leaf(failures) from exc
+        if served:
+            raise StoppedByBug from exc
+        raise
     finally:
         # Whatever ended the loop is what the caller must report: a failing close must
         # not replace it.
