@@ -149,18 +149,16 @@ class SeenVolume:
             if path == self.path:
                 continue
             try:
-                record = json.loads(read_regular_file(path, _MAX_RECORD))
-                generation, at_ns = record.get("generation"), record.get("seen_at_ns")
-                location, volume = record.get("store"), record.get("volume_id")
-            # Unreadable, not JSON, not an object, or nested past the parser (as recorded()).
-            except (OSError, FileTooLargeError, NotARegularFileError, ValueError, AttributeError,
-                    RecursionError):  # fmt: skip
+                parsed = _parse_record(read_regular_file(path, _MAX_RECORD))
+            except OSError:  # unreadable, too large, not a regular file
                 continue
+            if parsed is None:
+                continue
+            generation, at_ns, record = parsed
+            location = record.get("store")
             if (
-                type(generation) is int
-                and type(at_ns) is int
-                and isinstance(location, str)
-                and volume == self.volume_id.hex()
+                isinstance(location, str)
+                and record.get("volume_id") == self.volume_id.hex()
                 and location != self.location
             ):
                 yield generation, at_ns, location
@@ -218,15 +216,9 @@ class SeenVolume:
         except OSError as exc:  # the record cannot be written either: remember() warns
             log.debug("cannot read %s (%s): rollback not checked", self.path, exc.strerror)
             return None
-        try:
-            record = json.loads(raw)
-            generation, at_ns = record.get("generation"), record.get("seen_at_ns")
-            if type(generation) is int and type(at_ns) is int and generation > 0:
-                return generation, at_ns
-        # Not JSON, not an object, or nested deeper than the parser goes (RecursionError,
-        # which ended the mount as a bug in sealfs: exit 70).
-        except (ValueError, AttributeError, RecursionError):
-            pass
+        parsed = _parse_record(raw)
+        if parsed is not None:
+            return parsed[0], parsed[1]
         log.warning("%s is not a sealfs record; rollback not checked", self.path)
         return None
 
@@ -279,6 +271,21 @@ class SeenVolume:
                 ):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
+
+
+def _parse_record(raw: bytes) -> tuple[int, int, dict[str, object]] | None:
+    """(generation, when it was recorded in ns, the whole record) of a record's bytes;
+    None if they are not one."""
+    try:
+        record = json.loads(raw)
+        generation, at_ns = record.get("generation"), record.get("seen_at_ns")
+    # Not JSON, not an object, or nested deeper than the parser goes (RecursionError,
+    # which ended the mount as a bug in sealfs: exit 70).
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if type(generation) is int and type(at_ns) is int and generation > 0:
+        return generation, at_ns, record
+    return None
 
 
 def _when(at_ns: int) -> str:
