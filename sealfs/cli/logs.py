@@ -59,7 +59,7 @@ def _withheld_traceback(
     shown = set() if shown is None else shown
     chain: list[BaseException] = []
     link: BaseException | None = exc
-    while link is not None and id(link) not in shown and all(link is not c for c in chain):
+    while link is not None and id(link) not in shown and link not in chain:  # by identity
         chain.append(link)
         link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
     if not chain:
