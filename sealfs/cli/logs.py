@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import traceback
 from types import TracebackType
 
@@ -117,7 +118,10 @@ def _qualified(kind: type[BaseException]) -> str:
 
 
 def setup_logging(*, verbose: bool) -> None:
-    """Log to stderr (the daemon's stderr is its log file)."""
+    """Log to stderr (the daemon's stderr is its log file), and route what Python itself
+    would print there (a thread's uncaught exception, one ignored in a finalizer)
+    through the same formatter: Python's own hooks print the message and the
+    object's repr, either of which may quote a name."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         OneLineFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
@@ -127,3 +131,42 @@ def setup_logging(*, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    threading.excepthook = _log_thread_exception
+    sys.unraisablehook = _log_unraisable
+
+
+_python_log = logging.getLogger("sealfs.python")
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """A thread ended by an exception: a bug, logged as one (threading's own hook
+    printed the message)."""
+    if args.exc_type is SystemExit:
+        return  # ends a thread quietly, as threading's hook has it
+    thread = args.thread.name if args.thread is not None else "(unknown)"
+    _python_log.error(
+        "thread %s stopped by an unexpected %s, a bug in sealfs (please report it)",
+        thread,
+        _qualified(args.exc_type),
+        exc_info=_exc_info(args.exc_type, args.exc_value, args.exc_traceback),
+    )
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    """An exception Python had to ignore (in __del__, a finalizer, a callback): named by
+    the type of the object it was met in, never its repr (a file object's names its path)."""
+    where = "" if unraisable.object is None else f" in a {type(unraisable.object).__qualname__}"
+    _python_log.warning(
+        "%s%s: %s",
+        unraisable.err_msg or "exception ignored",
+        where,
+        _qualified(unraisable.exc_type),
+        exc_info=_exc_info(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback),
+    )
+
+
+def _exc_info(
+    kind: type[BaseException], value: BaseException | None, tb: TracebackType | None
+) -> ExcInfo | None:
+    """exc_info for a log record, None when there is no exception object to show."""
+    return None if value is None else (kind, value, tb)

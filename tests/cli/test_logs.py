@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +22,9 @@ def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     handlers, level = root.handlers[:], root.level
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
+    # setup_logging sets Python's hooks too: given back after, with the handlers.
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     setup_logging(verbose=False)
     yield stderr
     root.handlers[:] = handlers
@@ -173,3 +178,49 @@ def test_deeply_nested_groups_are_logged_in_part(
     assert SECRET_NAME not in text
     assert "groups nested deeper" in text, text[-2000:]
     assert len(text) < 100_000, len(text)
+
+
+# Python's own hooks, met in a process that set up sealfs's logging.
+PYTHON_HOOKS = f"""
+import threading
+from sealfs.cli.logs import setup_logging
+
+setup_logging(verbose=False)
+NAME = "{SECRET_NAME}"  # not on a line a traceback shows
+
+def lookup():
+    raise KeyError(NAME)
+
+worker = threading.Thread(target=lookup, name="sealfs-seen")
+worker.start()
+worker.join()
+
+class Handle:
+    def __del__(self):
+        raise ValueError(NAME)
+
+handle = Handle()
+del handle
+"""
+
+
+def test_python_s_own_hooks_log_a_bug_as_sealfs_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: an exception that ended a thread, or one Python had to ignore (in a
+    __del__), was printed by Python's own hooks into the log with its message and the
+    object's repr, either of which may quote a name. They go through the log's formatter."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    result = subprocess.run(
+        [sys.executable, "-c", PYTHON_HOOKS],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stderr
+    assert SECRET_NAME not in text, text
+    assert " ERROR sealfs.python[" in text, text
+    assert "thread sealfs-seen stopped by an unexpected KeyError, a bug in sealfs" in text
+    assert "exception ignored in a function: ValueError" in text, text
+    withheld = "(message withheld: it may quote names or data)"
+    assert f"KeyError {withheld}" in text and f"ValueError {withheld}" in text
