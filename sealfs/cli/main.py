@@ -9,7 +9,7 @@ import os
 import select
 import sys
 import traceback
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
@@ -114,18 +114,30 @@ def report_bug(exc: Exception) -> int:
     """One line for an exception no code path expected, instead of a traceback.
 
     Every error sealfs means to raise is a SealfsError (or an OSError) with its
-    own message and code; anything else is a bug, and the line says so.
+    own message and code; anything else is a bug, and the line says so. Its
+    message is shown on a terminal only: stderr elsewhere is a log (a systemd
+    unit's journal, a file), and the message may quote a name (README, threat model).
     """
-    try:
-        message = str(exc)
-    except Exception:  # a bug in the bug: the line and the code still say what it is
-        message = "(its message cannot be shown)"
+    if not (_on_terminal(sys.stderr) or os.environ.get(DEBUG_ENV) == "1"):
+        message = "(message withheld: it may quote names or data)"
+    else:
+        try:
+            message = str(exc)
+        except Exception:  # a bug in the bug: the line and the code still say what it is
+            message = "(its message cannot be shown)"
     text = " ".join(message.split()) or "(no message)"  # one line, even if the message is not
     error_line(
         f"unexpected {type(exc).__name__}: {text}; this is a bug in sealfs;"
         f" please report it (run with {DEBUG_ENV}=1 for the traceback)"
     )
     return BUG
+
+
+def _on_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):  # closed
+        return False
 
 
 def _stdout_reader_gone() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
 import sys
 from collections.abc import Callable
@@ -102,18 +103,41 @@ def _raise(exc: BaseException) -> Callable[..., None]:
     return raiser
 
 
+class _Terminal(io.StringIO):
+    """stderr as a terminal: where a bug's message may be shown."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_unexpected_exception_is_one_line_and_its_own_code(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Regression: an exception no code path expected ended in a traceback."""
     monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.setattr(sys, "stderr", terminal := _Terminal())
     monkeypatch.setattr(main_module, "setup_logging", _raise(RuntimeError("boom\nsecond line")))
     assert main(["status", "store"]) == BUG
-    err = capsys.readouterr().err.strip()
+    err = terminal.getvalue().strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert err.startswith("sealfs: unexpected RuntimeError: boom second line;"), err
     assert "this is a bug in sealfs; please report it" in err
     assert BUG not in (0, FAILURE, USAGE, WRONG_KEY, DAMAGED, BUSY)
+
+
+def test_a_bug_s_message_is_withheld_from_a_stderr_that_is_no_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a bug's message went wherever stderr went, a systemd unit's journal
+    for `sealfs mount --foreground`, and a bug in loading a volume may quote one of its
+    file names. Off a terminal the line names the bug's type and how to see the rest."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.setattr(main_module, "setup_logging", _raise(KeyError("secret-plan.txt")))
+    assert main(["status", "store"]) == BUG
+    err = capsys.readouterr().err
+    assert "secret-plan" not in err, err
+    assert err.startswith("sealfs: unexpected KeyError: (message withheld"), err
+    assert f"run with {DEBUG_ENV}=1" in err
 
 
 class _Unprintable(Exception):
@@ -123,14 +147,15 @@ class _Unprintable(Exception):
 
 @pytest.mark.parametrize("debug", ["0", "1"])
 def test_a_bug_whose_message_fails_is_still_a_bug(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], debug: str
+    monkeypatch: pytest.MonkeyPatch, debug: str
 ) -> None:
     """Regression: an exception whose str() raised escaped main from the report itself,
     a traceback and exit code 1 (a failure) instead of a bug's line and code."""
     monkeypatch.setenv(DEBUG_ENV, debug)
+    monkeypatch.setattr(sys, "stderr", terminal := _Terminal())
     monkeypatch.setattr(main_module, "setup_logging", _raise(_Unprintable()))
     assert main(["status", "store"]) == BUG
-    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    last = terminal.getvalue().rstrip().splitlines()[-1]
     assert last.startswith("sealfs: unexpected _Unprintable: (its message cannot be shown);")
 
 
