@@ -8,13 +8,18 @@ line through the pipe; the parent prints it and exits with the child's code.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable
 
+from sealfs.cli.exitcodes import BUG, FAILURE, exit_code
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.stdio import error_line
+from sealfs.errors import SealfsError, first_leaf
+
+log = logging.getLogger("sealfs.daemon")
 
 Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
 
@@ -45,11 +50,42 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
         _close_inherited_fds(keep=write_end)
         code = child(report)
     except BaseException as exc:
-        text = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-        report(1, f"daemon failed: {text}")
-        code = 1
+        code, text = _stopped_by(exc, log_path)
+        report(code, text)
     report(code, "daemon exited")
     os._exit(code)
+
+
+def _stopped_by(exc: BaseException, log_path: str) -> tuple[int, str]:
+    """The exit code and the caller's line for what ended the daemon's child: logged
+    too, as the caller's line is lost once the mount was reported ready.
+
+    A bug's message is never quoted (it may name a file; README, threat model):
+    it was "daemon failed: " and the message, with a failure's exit code. trio
+    wraps what a task raised in its nursery's group: judged by its first error,
+    unless the group holds one that is neither a SealfsError nor an OSError.
+    """
+    bug: BaseException | None = exc
+    if isinstance(exc, BaseExceptionGroup):
+        bug = exc.split((SealfsError, OSError))[1]
+        exc = first_leaf(exc if bug is None else bug)
+    if isinstance(exc, SealfsError):
+        log.error("the daemon stopped: %s", exc)
+        return exit_code(exc), str(exc)
+    if isinstance(exc, OSError):
+        log.error("the daemon stopped: %s", describe_os_error(exc))
+        return FAILURE, f"daemon failed: {describe_os_error(exc)}"
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt
+        log.error("the daemon stopped: %s", type(exc).__name__)
+        return FAILURE, f"daemon stopped by {type(exc).__name__}"
+    log.critical(
+        "the daemon stopped by an unexpected error, a bug in sealfs (please report it)",
+        exc_info=bug,
+    )
+    return BUG, (
+        f"the daemon met an unexpected {type(exc).__name__}; this is a bug in sealfs;"
+        f" please report it (its traceback is in {log_path})"
+    )
 
 
 def _wait_for_child(read_end: int, log_path: str, pid: int) -> int:

@@ -208,10 +208,23 @@ def _serve(
         mountpoint,
         loaded.live.generation,
     )
+    ready = False
+
+    def report_ready() -> None:
+        nonlocal ready
+        report(0, "ready")
+        ready = True
+
     try:
         with kept_current(seen, lambda: volume.commits.generation):
-            serve(volume, mountpoint, lambda: report(0, "ready"), on_hangup)
+            serve(volume, mountpoint, report_ready, on_hangup)
     except SealfsError as exc:
+        if not ready:
+            # Nobody was told of the mount, so nobody wrote to it: the caller waits for
+            # this line, which said only "daemon exited" when it came as the exit code.
+            log.error("the mount of %s failed before it was ready: %s", mountpoint, exc)
+            report(exit_code(exc), str(exc))
+            return exit_code(exc)
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.
         log.error(

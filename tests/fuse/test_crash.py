@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli.exitcodes import BUG, FAILURE
 from sealfs.keys.slots import Passphrase
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
@@ -424,3 +425,65 @@ def test_a_mount_whose_caller_died_before_it_was_ready_is_not_left_dead(
     env.mount()  # nothing left to clear first
     (env.mnt / "f").write_text("step 1")
     env.umount()
+
+
+# Met after the kernel mount exists but before the daemon reports it ready.
+BUGGY_BEFORE_READY = """
+from sealfs.fuse import mount
+
+NAME = "secret-plan.txt"  # not on the line a traceback shows
+
+def buggy(device):
+    raise RuntimeError(f"no inode for {NAME}")
+
+mount._tune_read_ahead = buggy
+"""
+
+
+def test_a_bug_before_the_mount_is_ready_is_a_bug_s_exit_and_its_log(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a bug the daemon met before it reported the mount ready was printed
+    by `sealfs mount` as "daemon failed: " and the bug's message (which may quote a
+    name), with exit 1, a failure's, and its log held not a word of it. It exits 70
+    naming the log, where the traceback is, its message withheld; nothing is mounted."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, BUGGY_BEFORE_READY, check=False)
+    assert result.returncode == BUG, result.stderr
+    assert "unexpected RuntimeError" in result.stderr and "a bug in sealfs" in result.stderr
+    assert str(env.log) in result.stderr, result.stderr
+    assert "secret-plan" not in result.stderr
+    log = env.log_text()
+    assert "RuntimeError (message withheld" in log, log
+    assert "secret-plan" not in log
+    assert not env.is_mounted()
+    env.mount()  # nothing left to clear first
+    env.umount()
+
+
+# A store error met before the daemon reports the mount ready.
+STORE_FAILS_BEFORE_READY = """
+from sealfs.errors import StoreError
+from sealfs.fuse import mount
+
+def failing(device):
+    raise StoreError("the store at /srv/example does not answer")
+
+mount._tune_read_ahead = failing
+"""
+
+
+def test_a_store_error_before_the_mount_is_ready_is_reported_not_called_data_lost(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a store error met before the mount was ready made `sealfs mount` say
+    only "daemon exited", and the log called it an unmount "without its final commit"
+    whose data written after the last commit "is lost", of a mount nobody had used.
+    The command prints the error; the log says the mount failed before it was ready."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, STORE_FAILS_BEFORE_READY, check=False)
+    assert result.returncode == FAILURE, result.stderr
+    assert "the store at /srv/example does not answer" in result.stderr, result.stderr
+    log = env.log_text()
+    assert "before it was ready" in log and "is lost" not in log, log
+    assert not env.is_mounted()
