@@ -18,7 +18,7 @@ from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
 from sealfs.cli.logs import DEBUG_ENV, setup_logging
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.cli.stdio import discard_stdout, error_line, standard_streams, stdout_writable
-from sealfs.errors import SealfsError
+from sealfs.errors import SealfsError, first_leaf
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -156,13 +156,30 @@ def main(argv: list[str] | None = None) -> int:
     standard_streams()
     try:
         return run(argv)
-    except SealfsError as exc:
-        error_line(str(exc))
-        return exit_code(exc)
     except KeyboardInterrupt:
         error_line("interrupted")
         return INTERRUPTED
-    except OSError as exc:
+    except Exception as exc:
+        return report_error(exc)
+    except BaseExceptionGroup as group:
+        # Ctrl-C met inside trio beside another task's error (a group of errors alone
+        # is an Exception): it escaped main, and Python printed both, messages and all.
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is None:
+            error_line("interrupted")
+            return INTERRUPTED
+        leaf = first_leaf(rest)
+        if not isinstance(leaf, Exception):
+            raise  # SystemExit's to end the process with
+        return report_error(leaf)
+
+
+def report_error(exc: Exception) -> int:
+    """One line for exc on stderr; its exit code."""
+    if isinstance(exc, SealfsError):
+        error_line(str(exc))
+        return exit_code(exc)
+    if isinstance(exc, OSError):
         if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
             # `sealfs status --json | head -1`: nothing to say, and the flush at exit
             # must not fail on the closed pipe again.
@@ -176,12 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             return FAILURE
         error_line(describe_os_error(exc))
         return FAILURE
-    except Exception as exc:
-        if os.environ.get(DEBUG_ENV) == "1":
-            # The traceback, then the same line and code: a script or a unit that
-            # tells bugs from failures by the exit code must not see 1 instead.
-            traceback.print_exc()
-        return report_bug(exc)
+    if os.environ.get(DEBUG_ENV) == "1":
+        # The traceback, then the same line and code: a script or a unit that
+        # tells bugs from failures by the exit code must not see 1 instead.
+        traceback.print_exception(exc)
+    return report_bug(exc)
 
 
 if __name__ == "__main__":

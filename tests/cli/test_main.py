@@ -172,6 +172,30 @@ def test_debug_variable_shows_the_traceback_and_keeps_the_code(
     assert err.rstrip().splitlines()[-1].startswith("sealfs: unexpected RuntimeError: boom;")
 
 
+def test_ctrl_c_beside_a_bug_in_trio_reports_the_bug_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: Ctrl-C met inside trio while another task raised made a group of
+    both, which no clause of main caught: Python printed both tracebacks, the bug's
+    message included, and exited 1."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    group = BaseExceptionGroup("nursery", [KeyboardInterrupt(), KeyError("secret-plan.txt")])
+    monkeypatch.setattr(main_module, "setup_logging", _raise(group))
+    assert main(["status", "store"]) == BUG
+    err = capsys.readouterr().err
+    assert err.startswith("sealfs: unexpected KeyError: (message withheld"), err
+    assert "\n" not in err.strip() and "secret-plan" not in err, err
+
+
+def test_ctrl_c_inside_trio_alone_is_an_interruption(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = BaseExceptionGroup("nursery", [KeyboardInterrupt(), KeyboardInterrupt()])
+    monkeypatch.setattr(main_module, "setup_logging", _raise(group))
+    assert main(["status", "store"]) == INTERRUPTED
+    assert capsys.readouterr().err == "sealfs: interrupted\n"
+
+
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
