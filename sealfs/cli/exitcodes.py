@@ -15,7 +15,6 @@ from sealfs.errors import (
     WrongKeyError,
 )
 
-OK = 0
 FAILURE = 1  # the store failed, or the operation did (message says which)
 USAGE = 2  # bad arguments, options or configuration
 WRONG_KEY = 3  # no keyslot opens with the secret given

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from sealfs.crypto import aead
 from sealfs.crypto.ids import CHUNK_ID_SIZE
+from sealfs.crypto.subkeys import VOLUME_ID_SIZE
 from sealfs.errors import FormatError, IntegrityError, UnsupportedVersionError
 
 MAGIC = b"SFS"
@@ -26,8 +27,6 @@ ENVELOPE_OVERHEAD = HEADER_SIZE + aead.NONCE_SIZE + aead.TAG_SIZE
 FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
 MAX_EPOCH = 0xFFFF
-
-VOLUME_ID_SIZE = 16
 
 _HEADER = struct.Struct(">3sBBBH")
 

@@ -20,13 +20,13 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, hmac
 
+from sealfs.crypto.subkeys import VOLUME_ID_SIZE
 from sealfs.errors import FormatError, IntegrityError, UnsupportedVersionError
 
 FORMAT_VERSION = 1
 HEADER_NAME = "sealfs.vol"
 MAGIC = b"SEALFS\x00\x00"
 MAC_SIZE = 32
-VOLUME_ID_SIZE = 16
 MAX_BODY_SIZE = 1 << 20
 MAX_SLOTS = 64
 MAX_SLOT_ID = 0xFFFFFFFF

@@ -28,14 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from sealfs.crypto.subkeys import MASTER_KEY_SIZE
 from sealfs.errors import ConfigError, FormatError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import Keyslot
-from sealfs.keys.slots import (
-    KIND_PKCS11,
-    MASTER_KEY_SIZE,
-    SlotMaker,
-    slot_associated_data,
-)
+from sealfs.keys.slots import KIND_PKCS11, SlotMaker, slot_associated_data
 
 MECH_AES_GCM = "aes-gcm"
 NONCE_SIZE = 12

@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sealfs.crypto.subkeys import MASTER_KEY_SIZE
 from sealfs.errors import ConfigError, FormatError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import Keyslot
-from sealfs.keys.slots import KIND_AWS_KMS, MASTER_KEY_SIZE, SlotMaker
+from sealfs.keys.slots import KIND_AWS_KMS, SlotMaker
 
 CONTEXT_VOLUME = "sealfs-volume"
 CONTEXT_SLOT = "sealfs-slot"

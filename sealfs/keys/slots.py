@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from sealfs.crypto import aead
-from sealfs.crypto.subkeys import Subkeys, derive_subkeys, hkdf_sha256
+from sealfs.crypto.subkeys import (
+    MASTER_KEY_SIZE,
+    VOLUME_ID_SIZE,
+    Subkeys,
+    derive_subkeys,
+    hkdf_sha256,
+)
 from sealfs.errors import FormatError, IntegrityError, KeyUnavailableError, WrongKeyError
 from sealfs.keys.header import (
     FORMAT_VERSION,
@@ -34,8 +40,6 @@ from sealfs.keys.header import (
 )
 from sealfs.keys.kdf import Argon2Params, check_params, derive_key
 
-MASTER_KEY_SIZE = 32
-VOLUME_ID_SIZE = 16
 RECOVERY_KEY_SIZE = 32
 KIND_PASSPHRASE = "passphrase"  # noqa: S105 (a slot kind name, not a password)
 KIND_RECOVERY = "recovery"

@@ -281,9 +281,9 @@ class Volume:
             raise FsError(errno.ENOTDIR)
         return inode
 
-    def note_lookup(self, ino: int, count: int = 1) -> None:
-        """The kernel now holds count more references to ino (entry replies)."""
-        self._lookups[ino] = self._lookups.get(ino, 0) + count
+    def note_lookup(self, ino: int) -> None:
+        """The kernel now holds one more reference to ino (an entry reply)."""
+        self._lookups[ino] = self._lookups.get(ino, 0) + 1
 
     async def lookup(self, parent: int, name: bytes) -> Attr:
         _check_name(name)
