@@ -80,10 +80,15 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
 # C1 too (U+0080-U+009F, in a UTF-8 path): U+009B is a terminal's CSI, as ESC [ is.
 # And the line and paragraph separators (U+2028, U+2029), where str.splitlines and
 # log tools that follow it end a line, and the bidirectional controls, which make a
-# terminal show the text after them in another order than it is written.
+# terminal show the text after them in another order than it is written: the
+# embeddings, overrides and isolates, and the marks (LRM, RLM, ALM), which move
+# the digits and punctuation around them.
 _ESCAPED = (
     *range(0x20),
     *range(0x7F, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
     0x2028,
     0x2029,
     *range(0x202A, 0x202F),

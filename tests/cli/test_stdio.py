@@ -135,7 +135,9 @@ def test_an_error_naming_a_path_with_c1_controls_escapes_them(tmp_path: Path) ->
     assert f"store {tmp_path}/a\\x9b31mb does not exist" in result.stderr
 
 
-@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u202e", "\u2067", "\x85"])
+@pytest.mark.parametrize(
+    "char", ["\u2028", "\u2029", "\u202e", "\u2067", "\x85", "\u200e", "\u200f", "\u061c"]
+)
 def test_one_line_escapes_what_ends_a_line_or_reorders_it(char: str) -> None:
     """A line separator ends a line for str.splitlines (and log tools built on it); a
     bidirectional override makes a terminal show what follows reversed: a store path
