@@ -24,6 +24,10 @@ log = logging.getLogger("sealfs.daemon")
 Report = Callable[[int, str], None]  # (exit code, message); code 0 means ready
 
 
+class CallerGoneError(SealfsError):
+    """Nobody heard that the mount was ready: it is undone, as if it had failed."""
+
+
 def daemonize(child: Callable[[Report], int], log_path: str) -> int:
     """Run child(report) in a detached process; return the exit code the parent should use."""
     read_end, write_end = os.pipe()
@@ -40,9 +44,19 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
 
     def report(code: int, message: str) -> None:
         nonlocal reported
-        if not reported:
-            reported = True
+        if reported:
+            return
+        reported = True
+        try:
             os.write(write_end, f"{code} {message}".encode())
+        except BrokenPipeError:
+            if code == 0:  # the mount must not be left to nobody
+                raise CallerGoneError(
+                    "the 'sealfs mount' command that started this daemon ended (killed or"
+                    " interrupted) before it heard that the mount was ready; unmounting"
+                ) from None
+            # An error nobody hears any more: it is in the log (see _stopped_by).
+        finally:
             os.close(write_end)
 
     try:

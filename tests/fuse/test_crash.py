@@ -411,7 +411,8 @@ def test_a_mount_whose_caller_died_before_it_was_ready_is_not_left_dead(
     through the pipe failed (EPIPE) and the daemon took that for a bug met while
     serving: it left a dead mount nobody had been told of, and logged a CRITICAL "bug
     in sealfs" telling the operator to unmount it. An error before the mount was ready
-    unmounts it, as the mount never got its "ready" to anyone."""
+    unmounts it, as the mount never got its "ready" to anyone, and the log says why
+    (it said nothing)."""
     env = volume_env
     result = mount_with_a_bug(env, tmp_path, CALLER_DIES, check=False)
     assert result.returncode == -signal.SIGKILL, result.stderr
@@ -422,6 +423,8 @@ def test_a_mount_whose_caller_died_before_it_was_ready_is_not_left_dead(
     log = env.log_text()
     assert not env.is_mounted(), log
     assert "a bug in sealfs" not in log, log
+    # Said in the log (it said nothing): nobody else would tell the operator.
+    assert "the 'sealfs mount' command that started this daemon ended" in log, log
     env.mount()  # nothing left to clear first
     (env.mnt / "f").write_text("step 1")
     env.umount()
