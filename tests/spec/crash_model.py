@@ -1,0 +1,414 @@
+"""A POSIX model of a random file workload, and the workload itself.
+
+The crash oracle (tests/spec/test_crash_oracle.py) needs to know what the tree
+looked like after every prefix of the operations a workload made through a
+mount. The workload runs in its own process (so that killing the daemon cannot
+kill it), picks each operation from this model of the tree, writes the operation
+to a journal outside the mount before making it and its completion after, and
+stops at its first error. The test replays the journal through the same model.
+
+The model knows nothing of sealfs: it is plain POSIX semantics of the calls the
+workload makes (one kernel request each, except that the kernel may cut a long
+write into several), so a bug shared by sealfs' writer and its replay cannot hide
+in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import random
+import stat
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+PAGE = 4096
+MAX_FILE = 6 << 20  # a file may grow past a few chunks, no further
+NAMES = [f"f{i}" for i in range(10)] + ["d0", "d1", "d2"]
+XATTRS = [b"user.a", b"user.b", b"user.c"]
+FILE_PERMS = [0o644, 0o600, 0o640, 0o755, 0o700]
+DIR_PERMS = [0o755, 0o700, 0o750]
+
+
+def payload(seed: int, length: int) -> bytes:
+    """The bytes a write op carries: the journal holds only the seed and length."""
+    return random.Random(seed).randbytes(length)
+
+
+@dataclass
+class MNode:
+    """One inode of the model: a regular file ("f"), a directory ("d") or a symlink."""
+
+    kind: str
+    perm: int
+    data: bytearray = field(default_factory=bytearray)
+    target: bytes = b""
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    mtime_ns: int | None = None  # known only after utime, until the next change
+    _digest: bytes | None = None
+
+    def digest(self) -> bytes:
+        """SHA-256 of the data, cached: prefixes are compared one op after another."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.data).digest()
+        return self._digest
+
+    def changed_data(self) -> None:
+        self._digest = None
+        self.mtime_ns = None
+
+
+# What one path looks like, in terms both the model and the reader can produce:
+# (kind, permission bits, size, sha256 of data, symlink target, user xattrs, nlink of a
+# file, mtime if known, the paths sharing its inode).
+Entry = tuple[str, int, int, bytes, bytes, frozenset[tuple[bytes, bytes]], int, int | None,
+              tuple[str, ...]]  # fmt: skip
+
+
+def write_into(data: bytes | bytearray, off: int, buf: bytes) -> bytearray:
+    """data with buf written at off (a hole of zeros first if off is past the end)."""
+    out = bytearray(data)
+    if off > len(out):
+        out.extend(bytes(off - len(out)))
+    out[off : off + len(buf)] = buf
+    return out
+
+
+class Model:
+    """The tree as a map of absolute paths (root excluded) to inode numbers."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, int] = {}
+        self.nodes: dict[int, MNode] = {}
+        self.next_id = 1
+
+    # -- queries --------------------------------------------------------------------
+
+    def node(self, path: str) -> MNode:
+        return self.nodes[self.paths[path]]
+
+    def of_kind(self, kind: str) -> list[str]:
+        return sorted(p for p, i in self.paths.items() if self.nodes[i].kind == kind)
+
+    def dirs(self) -> list[str]:
+        return ["/", *self.of_kind("d")]
+
+    def children(self, directory: str) -> list[str]:
+        return [p for p in self.paths if posixpath.dirname(p) == directory]
+
+    def nlink(self, ino: int) -> int:
+        return sum(1 for i in self.paths.values() if i == ino)
+
+    def fingerprint(self) -> dict[str, Entry]:
+        """Every path as the Entry the reader's tree is compared with."""
+        groups: dict[int, list[str]] = {}
+        for path, ino in self.paths.items():
+            groups.setdefault(ino, []).append(path)
+        out: dict[str, Entry] = {}
+        for path, ino in self.paths.items():
+            n = self.nodes[ino]
+            is_file = n.kind == "f"
+            out[path] = (
+                n.kind, n.perm, len(n.data) if is_file else len(n.target) if n.kind == "l" else 0,
+                n.digest() if is_file else b"", n.target, frozenset(n.xattrs.items()),
+                len(groups[ino]) if is_file else 0, n.mtime_ns,
+                tuple(sorted(groups[ino])) if is_file else (),
+            )  # fmt: skip
+        return out
+
+    # -- changes --------------------------------------------------------------------
+
+    def _touch_parent(self, path: str) -> None:
+        parent = posixpath.dirname(path)
+        if parent != "/":
+            self.node(parent).mtime_ns = None
+
+    def _new(self, path: str, node: MNode) -> None:
+        self.nodes[self.next_id] = node
+        self.paths[path] = self.next_id
+        self.next_id += 1
+        self._touch_parent(path)
+
+    def _drop(self, path: str) -> None:
+        ino = self.paths.pop(path)
+        if ino not in self.paths.values():
+            del self.nodes[ino]
+        self._touch_parent(path)
+
+    def apply(self, op: dict[str, Any], cut: int | None = None) -> None:
+        """Apply one journal op; cut, for a write, stops its data at that file offset
+        (a write the kernel split and the crash cut short)."""
+        kind = op["op"]
+        path = op.get("path", "")
+        if kind == "create":
+            self._new(path, MNode("f", op["perm"]))
+        elif kind in ("write", "append"):
+            node = self.node(path)
+            off = op["off"]
+            if kind == "append":
+                assert off == len(node.data), (op, len(node.data))
+            buf = payload(op["seed"], op["len"])
+            if cut is not None:
+                buf = buf[: cut - off]
+            node.data = write_into(node.data, off, buf)
+            node.changed_data()
+        elif kind == "truncate":
+            node = self.node(path)
+            size = op["size"]
+            node.data = node.data[:size] + bytes(max(0, size - len(node.data)))
+            node.changed_data()
+        elif kind == "rename":
+            src, dst = op["src"], op["dst"]
+            ino = self.paths[src]
+            if dst in self.paths:
+                self._drop(dst)
+            moved = {p: i for p, i in self.paths.items() if p == src or p.startswith(src + "/")}
+            for p in moved:
+                del self.paths[p]
+            for p, i in moved.items():
+                self.paths[dst + p[len(src) :]] = i
+            assert self.paths[dst] == ino
+            self._touch_parent(src)
+            self._touch_parent(dst)
+        elif kind in ("unlink", "rmdir"):
+            self._drop(path)
+        elif kind == "mkdir":
+            self._new(path, MNode("d", op["perm"]))
+        elif kind == "symlink":
+            self._new(path, MNode("l", 0o777, target=op["target"].encode()))
+        elif kind == "link":
+            self.paths[op["dst"]] = self.paths[op["src"]]
+            self._touch_parent(op["dst"])
+        elif kind == "setxattr":
+            self.node(path).xattrs[op["name"].encode()] = bytes.fromhex(op["value"])
+        elif kind == "removexattr":
+            del self.node(path).xattrs[op["name"].encode()]
+        elif kind == "chmod":
+            self.node(path).perm = op["perm"]
+        elif kind == "utime":
+            self.node(path).mtime_ns = op["mtime"]
+        elif kind == "fsync":
+            pass
+        else:
+            raise AssertionError(f"unknown op {op}")
+
+    # -- the workload's choices -----------------------------------------------------
+
+    def _fresh(self, rng: random.Random) -> str | None:
+        """A path that does not exist, in a directory that does (depth at most 3)."""
+        for _ in range(20):
+            parent = rng.choice(self.dirs())
+            if parent.count("/") >= 3:
+                continue
+            path = posixpath.join(parent, rng.choice(NAMES))
+            if path not in self.paths:
+                return path
+        return None
+
+    def choose(self, rng: random.Random, fsyncs: int = 8) -> dict[str, Any] | None:
+        """One op that is valid in the current tree, or None if the pick did not fit;
+        fsyncs weighs fsync among the ops (and O_DSYNC writes with it)."""
+        files, dirs = self.of_kind("f"), self.of_kind("d")
+        kind = rng.choices(
+            ["create", "write", "append", "truncate", "rename", "unlink", "mkdir", "rmdir",
+             "symlink", "link", "setxattr", "removexattr", "chmod", "utime", "fsync"],
+            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs],
+        )[0]  # fmt: skip
+        if kind in ("create", "mkdir", "symlink"):
+            path = self._fresh(rng)
+            if path is None:
+                return None
+            if kind == "create":
+                return {"op": kind, "path": path, "perm": rng.choice(FILE_PERMS)}
+            if kind == "mkdir":
+                return {"op": kind, "path": path, "perm": rng.choice(DIR_PERMS)}
+            return {"op": kind, "path": path, "target": rng.choice(["f1", "../d0/f2", "x" * 90])}
+        if kind in ("write", "append", "truncate") and files:
+            path = rng.choice(files)
+            size = len(self.node(path).data)
+            if kind == "truncate":
+                new = rng.choice([0, size // 2, size + rng.randrange(1, 300_000), rng.randrange(
+                    0, MAX_FILE // 2)])  # fmt: skip
+                return {"op": kind, "path": path, "size": min(new, MAX_FILE)}
+            big = rng.random() < 0.12
+            length = rng.randrange(1 << 20, 4 << 20) if big else rng.randrange(1, 40_000)
+            if kind == "append":
+                off = size
+            else:
+                off = rng.choice([0, rng.randrange(0, size + 1), size + rng.randrange(0, 200_000)])
+                off = rng.choice([off, off - off % PAGE])
+            if off + length > MAX_FILE:
+                return {"op": "truncate", "path": path, "size": rng.randrange(0, 1 << 20)}
+            sync = kind == "write" and rng.random() < 0.01 * fsyncs  # an O_DSYNC write: a barrier
+            return {"op": kind, "path": path, "off": off, "seed": rng.randrange(1 << 30),
+                    "len": length, "sync": sync}  # fmt: skip
+        if kind == "rename" and self.paths:
+            src = rng.choice(sorted(self.paths))
+            if self.node(src).kind == "d":
+                dst = self._fresh(rng)
+                if dst is None or dst.startswith(src + "/"):
+                    return None
+            elif rng.random() < 0.5 and len(files) > 1:
+                dst = rng.choice(files)  # over an existing file
+                if self.paths[dst] == self.paths[src]:
+                    return None  # two names of one inode: rename does nothing
+            else:
+                dst = self._fresh(rng)
+                if dst is None:
+                    return None
+            return {"op": kind, "src": src, "dst": dst}
+        if kind == "unlink":
+            victims = files + self.of_kind("l")
+            return {"op": kind, "path": rng.choice(victims)} if victims else None
+        if kind == "rmdir":
+            empty = [d for d in dirs if not self.children(d)]
+            return {"op": kind, "path": rng.choice(empty)} if empty else None
+        if kind == "link" and files:
+            dst = self._fresh(rng)
+            return {"op": kind, "src": rng.choice(files), "dst": dst} if dst else None
+        targets = files + dirs
+        if kind in ("setxattr", "removexattr", "chmod", "utime", "fsync") and targets:
+            path = rng.choice(targets)
+            node = self.node(path)
+            if kind == "setxattr":
+                value = rng.randbytes(rng.randrange(0, 100)).hex()
+                return {"op": kind, "path": path, "name": rng.choice(XATTRS).decode(),
+                        "value": value}  # fmt: skip
+            if kind == "removexattr":
+                names = sorted(node.xattrs)
+                return (
+                    {"op": kind, "path": path, "name": rng.choice(names).decode()}
+                    if names
+                    else None
+                )
+            if kind == "chmod":
+                perms = FILE_PERMS if node.kind == "f" else DIR_PERMS
+                return {"op": kind, "path": path, "perm": rng.choice(perms)}
+            if kind == "utime":
+                base = 1_600_000_000_000_000_000
+                return {"op": kind, "path": path, "atime": base + rng.randrange(1 << 50),
+                        "mtime": base + rng.randrange(1 << 50)}  # fmt: skip
+            return {"op": kind, "path": path, "dir": node.kind == "d"}
+        return None
+
+
+def perform(mnt: str, op: dict[str, Any]) -> None:
+    """Make op through the mount, as one system call that changes the tree."""
+    kind = op["op"]
+
+    def at(key: str) -> str:
+        return mnt + op[key]
+
+    if kind == "create":
+        os.close(os.open(at("path"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, op["perm"]))
+    elif kind in ("write", "append"):
+        flags = os.O_WRONLY | (os.O_APPEND if kind == "append" else 0)
+        flags |= os.O_DSYNC if op.get("sync") else 0
+        fd = os.open(at("path"), flags)
+        try:
+            buf = payload(op["seed"], op["len"])
+            n = os.write(fd, buf) if kind == "append" else os.pwrite(fd, buf, op["off"])
+            assert n == len(buf), f"short write {n} of {len(buf)}"
+        finally:
+            os.close(fd)
+    elif kind == "truncate":
+        os.truncate(at("path"), op["size"])
+    elif kind == "rename":
+        os.rename(at("src"), at("dst"))
+    elif kind == "unlink":
+        os.unlink(at("path"))
+    elif kind == "rmdir":
+        os.rmdir(at("path"))
+    elif kind == "mkdir":
+        os.mkdir(at("path"), op["perm"])
+    elif kind == "symlink":
+        os.symlink(op["target"], at("path"))
+    elif kind == "link":
+        os.link(at("src"), at("dst"))
+    elif kind == "setxattr":
+        os.setxattr(at("path"), op["name"], bytes.fromhex(op["value"]))
+    elif kind == "removexattr":
+        os.removexattr(at("path"), op["name"])
+    elif kind == "chmod":
+        os.chmod(at("path"), op["perm"])
+    elif kind == "utime":
+        os.utime(at("path"), ns=(op["atime"], op["mtime"]))
+    elif kind == "fsync":
+        fd = os.open(at("path"), os.O_RDONLY | (os.O_DIRECTORY if op["dir"] else 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        raise AssertionError(f"unknown op {op}")
+
+
+def is_barrier(op: dict[str, Any]) -> bool:
+    """Whether op's completion promises every earlier op (and itself) committed: fsync
+    of any file or directory, and a write to a file opened O_DSYNC (README, Durability)."""
+    return op["op"] == "fsync" or bool(op.get("sync"))
+
+
+def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """(every op begun, in order; how many ops the last completed barrier covers; the
+    errors the workload met)."""
+    ops: list[dict[str, Any]] = []
+    barrier = 0
+    errors = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # the workload outlives the daemon, so this never happens
+            rec = json.loads(line)
+            if "begin" in rec:
+                assert rec["i"] == len(ops)
+                ops.append(rec["begin"])
+            elif "end" in rec and is_barrier(ops[rec["i"]]):
+                barrier = rec["i"] + 1
+            elif "error" in rec:
+                errors.append(rec["error"])
+    return ops, barrier, errors
+
+
+def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int) -> None:
+    """Make count random ops; stop at the first error (the daemon was killed)."""
+    os.umask(0)
+    rng = random.Random(seed)
+    model = Model()
+    assert not os.listdir(mnt), "the workload starts from an empty volume"
+    with open(journal, "w") as j:
+        print("started", flush=True)
+        done = 0
+        while done < count:
+            op = model.choose(rng, fsyncs)
+            if op is None:
+                continue
+            j.write(json.dumps({"i": done, "begin": op}) + "\n")
+            j.flush()
+            try:
+                perform(mnt, op)
+            except OSError as exc:
+                j.write(json.dumps({"i": done, "error": f"{exc!r}"}) + "\n")
+                j.flush()
+                os.fsync(j.fileno())
+                print("stopped", flush=True)
+                return
+            model.apply(op)
+            j.write(json.dumps({"i": done, "end": True}) + "\n")
+            j.flush()
+            if is_barrier(op):
+                os.fsync(j.fileno())
+            done += 1
+    print("done", flush=True)
+
+
+def kind_of(mode: int) -> str:
+    return "f" if stat.S_ISREG(mode) else "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(
+        mode) else "?"  # fmt: skip
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
