@@ -10,11 +10,12 @@ stops at its first error. The test replays the journal through the same model.
 The model knows nothing of sealfs: it is plain POSIX semantics of the calls the
 workload makes (one kernel request each, except that the kernel may cut a long
 write into several), so a bug shared by sealfs' writer and its replay cannot hide
-in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT`.
+in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT [BASE]`.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -84,6 +85,7 @@ class Model:
         self.paths: dict[str, int] = {}
         self.nodes: dict[int, MNode] = {}
         self.next_id = 1
+        self.fds: dict[int, int] = {}  # the workload's open descriptors: slot -> inode
 
     # -- queries --------------------------------------------------------------------
 
@@ -134,29 +136,38 @@ class Model:
 
     def _drop(self, path: str) -> None:
         ino = self.paths.pop(path)
-        if ino not in self.paths.values():
-            del self.nodes[ino]
+        self._forget(ino)
         self._touch_parent(path)
 
+    def _forget(self, ino: int) -> None:
+        """Drop an inode no name and no open descriptor holds."""
+        if ino not in self.paths.values() and ino not in self.fds.values():
+            del self.nodes[ino]
+
+    def written(self, op: dict[str, Any]) -> int:
+        """The inode a write op writes."""
+        return self.fds[op["fd"]] if op["op"] == "fdwrite" else self.paths[op["path"]]
+
     def apply(self, op: dict[str, Any], cut: int | None = None) -> None:
-        """Apply one journal op; cut, for a write, stops its data at that file offset
-        (a write the kernel split and the crash cut short)."""
+        """Apply one journal op; cut (or the op's own "cut"), for a write, stops its data
+        at that file offset (a write the kernel split and the crash cut short)."""
         kind = op["op"]
         path = op.get("path", "")
         if kind == "create":
             self._new(path, MNode("f", op["perm"]))
-        elif kind in ("write", "append"):
-            node = self.node(path)
+        elif kind in ("write", "append", "fdwrite"):
+            node = self.nodes[self.written(op)]
             off = op["off"]
             if kind == "append":
                 assert off == len(node.data), (op, len(node.data))
             buf = payload(op["seed"], op["len"])
+            cut = op.get("cut", cut)
             if cut is not None:
                 buf = buf[: cut - off]
             node.data = write_into(node.data, off, buf)
             node.changed_data()
-        elif kind == "truncate":
-            node = self.node(path)
+        elif kind in ("truncate", "ftruncate"):
+            node = self.node(path) if kind == "truncate" else self.nodes[self.fds[op["fd"]]]
             size = op["size"]
             node.data = node.data[:size] + bytes(max(0, size - len(node.data)))
             node.changed_data()
@@ -177,6 +188,8 @@ class Model:
             self._drop(path)
         elif kind == "mkdir":
             self._new(path, MNode("d", op["perm"]))
+        elif kind == "mkfifo":
+            self._new(path, MNode("p", op["perm"]))
         elif kind == "symlink":
             self._new(path, MNode("l", 0o777, target=op["target"].encode()))
         elif kind == "link":
@@ -190,7 +203,11 @@ class Model:
             self.node(path).perm = op["perm"]
         elif kind == "utime":
             self.node(path).mtime_ns = op["mtime"]
-        elif kind == "fsync":
+        elif kind == "open":
+            self.fds[op["fd"]] = self.paths[path]
+        elif kind == "close":
+            self._forget(self.fds.pop(op["fd"]))
+        elif kind in ("fsync", "fdsync"):
             pass
         else:
             raise AssertionError(f"unknown op {op}")
@@ -214,9 +231,31 @@ class Model:
         files, dirs = self.of_kind("f"), self.of_kind("d")
         kind = rng.choices(
             ["create", "write", "append", "truncate", "rename", "unlink", "mkdir", "rmdir",
-             "symlink", "link", "setxattr", "removexattr", "chmod", "utime", "fsync"],
-            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs],
+             "symlink", "link", "setxattr", "removexattr", "chmod", "utime", "fsync", "open",
+             "fdwrite", "ftruncate", "close"],
+            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs, 2, 6, 1, 1],
         )[0]  # fmt: skip
+        if kind == "open" and files and len(self.fds) < 3:
+            slot = min(set(range(3)) - set(self.fds))
+            return {"op": kind, "path": rng.choice(files), "fd": slot}
+        if kind in ("fdwrite", "ftruncate", "close") and self.fds:
+            slot = rng.choice(sorted(self.fds))
+            size = len(self.nodes[self.fds[slot]].data)
+            if kind == "close":
+                return {"op": kind, "fd": slot}
+            if kind == "ftruncate":
+                return {"op": kind, "fd": slot, "size": rng.randrange(0, size + 100_000)}
+            if rng.random() < 0.05 * fsyncs:
+                return {"op": "fdsync", "fd": slot}
+            off = rng.choice([size, rng.randrange(0, size + 1)])
+            length = rng.randrange(1, 300_000)
+            if off + length > MAX_FILE:
+                return {"op": "ftruncate", "fd": slot, "size": 0}
+            return {"op": kind, "fd": slot, "off": off, "seed": rng.randrange(1 << 30),
+                    "len": length}  # fmt: skip
+        if kind == "create" and rng.random() < 0.1:
+            path = self._fresh(rng)
+            return {"op": "mkfifo", "path": path, "perm": 0o640} if path else None
         if kind in ("create", "mkdir", "symlink"):
             path = self._fresh(rng)
             if path is None:
@@ -248,9 +287,10 @@ class Model:
         if kind == "rename" and self.paths:
             src = rng.choice(sorted(self.paths))
             if self.node(src).kind == "d":
-                dst = self._fresh(rng)
+                empty = [d for d in dirs if not self.children(d) and d != src]
+                dst = rng.choice(empty) if empty and rng.random() < 0.3 else self._fresh(rng)
                 if dst is None or dst.startswith(src + "/"):
-                    return None
+                    return None  # (over an empty directory, or to a new name)
             elif rng.random() < 0.5 and len(files) > 1:
                 dst = rng.choice(files)  # over an existing file
                 if self.paths[dst] == self.paths[src]:
@@ -261,7 +301,7 @@ class Model:
                     return None
             return {"op": kind, "src": src, "dst": dst}
         if kind == "unlink":
-            victims = files + self.of_kind("l")
+            victims = files + self.of_kind("l") + self.of_kind("p")
             return {"op": kind, "path": rng.choice(victims)} if victims else None
         if kind == "rmdir":
             empty = [d for d in dirs if not self.children(d)]
@@ -295,8 +335,16 @@ class Model:
         return None
 
 
-def perform(mnt: str, op: dict[str, Any]) -> None:
-    """Make op through the mount, as one system call that changes the tree."""
+def short(n: int, buf: bytes) -> None:
+    """A write cut short is how the kernel reports an error after some of its pages (the
+    daemon died under it): the workload stops there, as at any error."""
+    if n != len(buf):
+        raise OSError(errno.EIO, f"short write: {n} of {len(buf)} bytes")
+
+
+def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
+    """Make op through the mount, as one system call that changes the tree (fds: the
+    descriptors the workload holds open across ops, by slot)."""
     kind = op["op"]
 
     def at(key: str) -> str:
@@ -311,11 +359,23 @@ def perform(mnt: str, op: dict[str, Any]) -> None:
         try:
             buf = payload(op["seed"], op["len"])
             n = os.write(fd, buf) if kind == "append" else os.pwrite(fd, buf, op["off"])
-            assert n == len(buf), f"short write {n} of {len(buf)}"
+            short(n, buf)
         finally:
             os.close(fd)
     elif kind == "truncate":
         os.truncate(at("path"), op["size"])
+    elif kind == "open":
+        fds[op["fd"]] = os.open(at("path"), os.O_RDWR)
+    elif kind == "fdwrite":
+        buf = payload(op["seed"], op["len"])
+        n = os.pwrite(fds[op["fd"]], buf, op["off"])
+        short(n, buf)
+    elif kind == "ftruncate":
+        os.ftruncate(fds[op["fd"]], op["size"])
+    elif kind == "fdsync":
+        os.fsync(fds[op["fd"]])
+    elif kind == "close":
+        os.close(fds.pop(op["fd"]))
     elif kind == "rename":
         os.rename(at("src"), at("dst"))
     elif kind == "unlink":
@@ -324,6 +384,8 @@ def perform(mnt: str, op: dict[str, Any]) -> None:
         os.rmdir(at("path"))
     elif kind == "mkdir":
         os.mkdir(at("path"), op["perm"])
+    elif kind == "mkfifo":
+        os.mkfifo(at("path"), op["perm"])
     elif kind == "symlink":
         os.symlink(op["target"], at("path"))
     elif kind == "link":
@@ -349,7 +411,7 @@ def perform(mnt: str, op: dict[str, Any]) -> None:
 def is_barrier(op: dict[str, Any]) -> bool:
     """Whether op's completion promises every earlier op (and itself) committed: fsync
     of any file or directory, and a write to a file opened O_DSYNC (README, Durability)."""
-    return op["op"] == "fsync" or bool(op.get("sync"))
+    return op["op"] in ("fsync", "fdsync") or bool(op.get("sync"))
 
 
 def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[str]]:
@@ -373,15 +435,23 @@ def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[str]]:
     return ops, barrier, errors
 
 
-def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int) -> None:
-    """Make count random ops; stop at the first error (the daemon was killed)."""
+def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int, base: str | None) -> None:
+    """Make count random ops; stop at the first error (the daemon was killed). base
+    names a JSON file of the ops that made the tree the workload starts from (the
+    state an earlier crash left), if it is not empty."""
     os.umask(0)
     rng = random.Random(seed)
     model = Model()
-    assert not os.listdir(mnt), "the workload starts from an empty volume"
+    if base is None:
+        assert not os.listdir(mnt), "the workload starts from an empty volume"
+    else:
+        with open(base) as f:
+            for op in json.load(f):
+                model.apply(op)
     with open(journal, "w") as j:
         print("started", flush=True)
         done = 0
+        fds: dict[int, int] = {}
         while done < count:
             op = model.choose(rng, fsyncs)
             if op is None:
@@ -389,7 +459,7 @@ def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int) -> None:
             j.write(json.dumps({"i": done, "begin": op}) + "\n")
             j.flush()
             try:
-                perform(mnt, op)
+                perform(mnt, op, fds)
             except OSError as exc:
                 j.write(json.dumps({"i": done, "error": f"{exc!r}"}) + "\n")
                 j.flush()
@@ -406,9 +476,10 @@ def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int) -> None:
 
 
 def kind_of(mode: int) -> str:
-    return "f" if stat.S_ISREG(mode) else "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(
-        mode) else "?"  # fmt: skip
+    """The model's name of a file type: file, directory, symlink, FIFO."""
+    kinds = {stat.S_IFREG: "f", stat.S_IFDIR: "d", stat.S_IFLNK: "l", stat.S_IFIFO: "p"}
+    return kinds.get(stat.S_IFMT(mode), "?")
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    run(*sys.argv[1:3], *map(int, sys.argv[3:6]), sys.argv[6] if len(sys.argv) > 6 else None)
