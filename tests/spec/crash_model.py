@@ -15,6 +15,7 @@ in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEI
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import json
@@ -184,6 +185,18 @@ class Model:
             assert self.paths[dst] == ino
             self._touch_parent(src)
             self._touch_parent(dst)
+        elif kind == "exchange":
+            src, dst = op["src"], op["dst"]
+
+            def swapped(p: str) -> str:
+                for a, b in ((src, dst), (dst, src)):
+                    if p == a or p.startswith(a + "/"):
+                        return b + p[len(a) :]
+                return p
+
+            self.paths = {swapped(p): i for p, i in self.paths.items()}
+            for name in (src, dst):
+                self._touch_parent(name)
         elif kind in ("unlink", "rmdir"):
             self._drop(path)
         elif kind == "mkdir":
@@ -284,6 +297,13 @@ class Model:
             sync = kind == "write" and rng.random() < 0.01 * fsyncs  # an O_DSYNC write: a barrier
             return {"op": kind, "path": path, "off": off, "seed": rng.randrange(1 << 30),
                     "len": length, "sync": sync}  # fmt: skip
+        if kind == "rename" and len(self.paths) > 1 and rng.random() < 0.2:
+            src, dst = rng.sample(sorted(self.paths), 2)  # RENAME_EXCHANGE
+            if dst.startswith(src + "/") or src.startswith(dst + "/"):
+                return None
+            if self.paths[src] == self.paths[dst]:
+                return None  # two names of one inode: the kernel does nothing
+            return {"op": "exchange", "src": src, "dst": dst}
         if kind == "rename" and self.paths:
             src = rng.choice(sorted(self.paths))
             if self.node(src).kind == "d":
@@ -378,6 +398,13 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
         os.close(fds.pop(op["fd"]))
     elif kind == "rename":
         os.rename(at("src"), at("dst"))
+    elif kind == "exchange":
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_fdcwd, rename_exchange = -100, 2
+        if libc.renameat2(at_fdcwd, os.fsencode(at("src")), at_fdcwd, os.fsencode(at("dst")),
+                          rename_exchange) != 0:  # fmt: skip
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
     elif kind == "unlink":
         os.unlink(at("path"))
     elif kind == "rmdir":
@@ -414,7 +441,7 @@ def is_barrier(op: dict[str, Any]) -> bool:
     return op["op"] in ("fsync", "fdsync") or bool(op.get("sync"))
 
 
-def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[str]]:
+def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[tuple[int, str]]]:
     """(every op begun, in order; how many ops the last completed barrier covers; the
     errors the workload met)."""
     ops: list[dict[str, Any]] = []
@@ -431,7 +458,7 @@ def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[str]]:
             elif "end" in rec and is_barrier(ops[rec["i"]]):
                 barrier = rec["i"] + 1
             elif "error" in rec:
-                errors.append(rec["error"])
+                errors.append((rec["errno"], rec["error"]))
     return ops, barrier, errors
 
 
@@ -461,7 +488,7 @@ def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int, base: str | 
             try:
                 perform(mnt, op, fds)
             except OSError as exc:
-                j.write(json.dumps({"i": done, "error": f"{exc!r}"}) + "\n")
+                j.write(json.dumps({"i": done, "error": f"{exc!r}", "errno": exc.errno}) + "\n")
                 j.flush()
                 os.fsync(j.fileno())
                 print("stopped", flush=True)

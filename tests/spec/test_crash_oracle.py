@@ -24,6 +24,7 @@ into a directory laid out as a local store for the reader.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import CrashableDisk, crashable_ext4
 from tests.mounts import VolumeEnv, force_unmount
 from tests.prereq import require
 from tests.spec import crash_model
@@ -57,6 +59,8 @@ ROUNDS = int(
 # SEALFS_ORACLE_SEEDS="1 2 3 ..." runs other seeds (a longer search than CI's).
 LOCAL_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_SEEDS", "").split()] or [
     101, 202, 303, 404, 505, 606]  # fmt: skip
+POWER_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_POWER_SEEDS", "").split()] or [
+    909, 1010]  # fmt: skip
 S3_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_S3_SEEDS", "").split()] or [707, 808]
 
 
@@ -236,11 +240,14 @@ def check_crash(
     log: list[str],
     copy_store: Any = None,
     rounds: int = 1,
+    disk: CrashableDisk | None = None,
 ) -> None:
     """One seed: rounds of mount, workload, kill, judging by the reader, remounts and
     comparison. Each round after the first goes on from the tree the last crash left
     (its history: the ops of the prefix the reader saw), so that replay crosses a
-    crash's recovery commit and the snapshot a clean unmount may write."""
+    crash's recovery commit and the snapshot a clean unmount may write. With a disk (the
+    store's), its power is cut before the kill: what the store had not flushed is lost."""
+    extra = ["--cache-dir", str(disk.path / "cache")] if disk else []
     rng = random.Random(seed)
     passphrase = env.passfile.read_bytes()
     history: list[dict[str, Any]] = []
@@ -248,12 +255,23 @@ def check_crash(
         journal = env.root / f"journal-{seed}-{rnd}"
         base = env.root / f"base-{seed}-{rnd}.json"
         base.write_text(json.dumps(history))
-        env.mount("--commit-interval", COMMIT_INTERVALS[seed % 3])
+        env.mount("--commit-interval", COMMIT_INTERVALS[seed % 3], *extra)
         proc = start_workload(env.mnt, journal, seed * 100 + rnd, base if rnd else None)
         time.sleep(rng.uniform(0.3, 2.5))
+        if disk:
+            disk.cut()
         crash(env, proc)
+        if disk:
+            disk.remount()
         new, barrier, errors = crash_model.read_journal(str(journal))
+        # What a dead daemon makes every call fail with (a write cut short: EIO, from
+        # the workload); a power cut may come first: the mount turns read-only.
+        allowed = {errno.ECONNABORTED, errno.ENOTCONN, errno.EIO}
+        allowed |= {errno.EROFS} if disk else set()
         assert len(errors) == 1, errors
+        assert errors[0][0] in allowed, (
+            f"seed {seed} round {rnd}: the live mount failed an op: {errors}"
+        )
         ops, start = history + new, len(history)
 
         # The oracle, before sealfs reads the store again.
@@ -288,7 +306,7 @@ def check_crash(
                    f" cut {verdict.cut}")  # fmt: skip
 
         # sealfs must show the same tree, read-only (no recovery commit) ...
-        env.mount("--read-only")
+        env.mount("--read-only", *extra)
         try:
             shown = mount_tree(env.mnt)
         finally:
@@ -299,7 +317,7 @@ def check_crash(
                 before.tree[path])  # fmt: skip
         # ... and read-write, whose recovery commit (writer claim, orphans deleted) and
         # clean unmount must change nothing the reader sees.
-        env.mount()
+        env.mount(*extra)
         env.umount()
         after = read_volume(copy_store() if copy_store else store, passphrase=passphrase)
         assert after.generation > before.generation
@@ -317,3 +335,24 @@ def test_a_killed_mount_leaves_a_prefix_the_clean_room_reader_sees(
     log: list[str] = []
     check_crash(volume_env, volume_env.store, seed, log, rounds=ROUNDS)
     print("\n".join(log))
+
+
+@pytest.mark.parametrize("seed", POWER_SEEDS)
+def test_a_power_cut_under_a_mount_leaves_a_prefix_the_clean_room_reader_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The store's disk loses what it had not flushed (tests/fuse/test_power_cut.py), and
+    the reader judges what is left: every fsync acknowledged before the cut must hold."""
+    with crashable_ext4(tmp_path / "ext4", 1 << 30) as disk:
+        # The host's record of the generations it saw goes with the store, as there.
+        monkeypatch.setenv("XDG_STATE_HOME", str(disk.path / "state"))
+        env = VolumeEnv(tmp_path)
+        env.store = disk.path / "store"
+        env.init()
+        log: list[str] = []
+        try:
+            check_crash(env, env.store, seed, log, rounds=ROUNDS, disk=disk)
+        finally:
+            leaked = env.cleanup()  # before the disk goes
+        assert not leaked, "the test left a mount or a daemon behind"
+        print("\n".join(log))
