@@ -10,7 +10,8 @@ stops at its first error. The test replays the journal through the same model.
 The model knows nothing of sealfs: it is plain POSIX semantics of the calls the
 workload makes (one kernel request each, except that the kernel may cut a long
 write into several), so a bug shared by sealfs' writer and its replay cannot hide
-in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT [BASE]`.
+in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT STREAM_WEIGHT
+[BASE]`.
 """
 
 from __future__ import annotations
@@ -238,16 +239,27 @@ class Model:
                 return path
         return None
 
-    def choose(self, rng: random.Random, fsyncs: int = 8) -> dict[str, Any] | None:
+    def choose(self, rng: random.Random, fsyncs: int = 8, stream: int = 0) -> dict[str, Any] | None:
         """One op that is valid in the current tree, or None if the pick did not fit;
-        fsyncs weighs fsync among the ops (and O_DSYNC writes with it)."""
+        fsyncs weighs fsync among the ops (and O_DSYNC writes with it), stream appends of
+        8 MiB to /big (up to 72 MiB: enough buffered for sealfs to flush early)."""
         files, dirs = self.of_kind("f"), self.of_kind("d")
         kind = rng.choices(
             ["create", "write", "append", "truncate", "rename", "unlink", "mkdir", "rmdir",
              "symlink", "link", "setxattr", "removexattr", "chmod", "utime", "fsync", "open",
-             "fdwrite", "ftruncate", "close"],
-            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs, 2, 6, 1, 1],
+             "fdwrite", "ftruncate", "close", "stream"],
+            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs, 2, 6, 1, 1, stream],
         )[0]  # fmt: skip
+        if kind == "stream":
+            if "/big" not in self.paths:
+                return {"op": "create", "path": "/big", "perm": 0o644}
+            if self.node("/big").kind != "f":
+                return None
+            size = len(self.node("/big").data)
+            if size > 64 << 20:
+                return {"op": "truncate", "path": "/big", "size": 0}
+            return {"op": "append", "path": "/big", "off": size, "seed": rng.randrange(1 << 30),
+                    "len": 8 << 20, "sync": False}  # fmt: skip
         if kind == "open" and files and len(self.fds) < 3:
             slot = min(set(range(3)) - set(self.fds))
             return {"op": kind, "path": rng.choice(files), "fd": slot}
@@ -435,13 +447,22 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
         raise AssertionError(f"unknown op {op}")
 
 
-def is_barrier(op: dict[str, Any]) -> bool:
+# Ops that close a descriptor opened for writing: with --sync-on-close, barriers.
+CLOSES_WRITABLE = ("create", "write", "append", "close")
+
+
+def is_barrier(op: dict[str, Any], sync_on_close: bool = False) -> bool:
     """Whether op's completion promises every earlier op (and itself) committed: fsync
-    of any file or directory, and a write to a file opened O_DSYNC (README, Durability)."""
+    of any file or directory, a write to a file opened O_DSYNC, and with --sync-on-close
+    the close of a descriptor opened for writing (README, Durability)."""
+    if sync_on_close and op["op"] in CLOSES_WRITABLE:
+        return True
     return op["op"] in ("fsync", "fdsync") or bool(op.get("sync"))
 
 
-def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[tuple[int, str]]]:
+def read_journal(
+    path: str, sync_on_close: bool = False
+) -> tuple[list[dict[str, Any]], int, list[tuple[int, str]]]:
     """(every op begun, in order; how many ops the last completed barrier covers; the
     errors the workload met)."""
     ops: list[dict[str, Any]] = []
@@ -455,14 +476,16 @@ def read_journal(path: str) -> tuple[list[dict[str, Any]], int, list[tuple[int, 
             if "begin" in rec:
                 assert rec["i"] == len(ops)
                 ops.append(rec["begin"])
-            elif "end" in rec and is_barrier(ops[rec["i"]]):
+            elif "end" in rec and is_barrier(ops[rec["i"]], sync_on_close):
                 barrier = rec["i"] + 1
             elif "error" in rec:
                 errors.append((rec["errno"], rec["error"]))
     return ops, barrier, errors
 
 
-def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int, base: str | None) -> None:
+def run(
+    mnt: str, journal: str, seed: int, count: int, fsyncs: int, stream: int, base: str | None
+) -> None:
     """Make count random ops; stop at the first error (the daemon was killed). base
     names a JSON file of the ops that made the tree the workload starts from (the
     state an earlier crash left), if it is not empty."""
@@ -480,7 +503,7 @@ def run(mnt: str, journal: str, seed: int, count: int, fsyncs: int, base: str | 
         done = 0
         fds: dict[int, int] = {}
         while done < count:
-            op = model.choose(rng, fsyncs)
+            op = model.choose(rng, fsyncs, stream)
             if op is None:
                 continue
             j.write(json.dumps({"i": done, "begin": op}) + "\n")
@@ -509,4 +532,4 @@ def kind_of(mode: int) -> str:
 
 
 if __name__ == "__main__":
-    run(*sys.argv[1:3], *map(int, sys.argv[3:6]), sys.argv[6] if len(sys.argv) > 6 else None)
+    run(*sys.argv[1:3], *map(int, sys.argv[3:7]), sys.argv[7] if len(sys.argv) > 7 else None)

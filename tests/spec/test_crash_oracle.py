@@ -42,7 +42,7 @@ import pytest
 from tests.conftest import CrashableDisk, crashable_ext4
 from tests.mounts import VolumeEnv, force_unmount
 from tests.prereq import require
-from tests.spec import crash_model
+from tests.spec import crash_model, reader
 from tests.spec.crash_model import Entry, Model
 from tests.spec.reader import Node, read_volume
 from tests.spec.test_reader import mount_tree
@@ -194,12 +194,14 @@ def start_workload(
     mnt: Path, journal: Path, seed: int, base: Path | None = None
 ) -> subprocess.Popen[str]:
     """The workload, started; odd seeds rarely fsync, so that background commits (every
-    COMMIT_INTERVALS) make most of the crash states, even seeds often."""
+    COMMIT_INTERVALS) make most of the crash states, even seeds often; one seed in
+    three, the one with the longest interval, streams a large file."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.spec.crash_model", str(mnt), str(journal), str(seed),
-         "1000000", str(1 if seed % 2 else 8), *([str(base)] if base else [])],
+         "1000000", str(1 if seed % 2 else 8), str(6 if seed % 3 == 2 else 0),
+         *([str(base)] if base else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         env=env,
     )  # fmt: skip
@@ -233,6 +235,23 @@ def crash(env: VolumeEnv, proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def unreachable(store: Path, passphrase: bytes) -> dict[int, int]:
+    """Inodes of the volume's state that no path reaches, with their nlink: what a crash
+    left open but unlinked, which the next writer deletes (format.md section 11, step 5)."""
+    data = reader.read_object(store / "sealfs.vol", reader.MAX_HEADER_BODY + 46)
+    header = reader.read_header(
+        data, passphrase=reader.passphrase_bytes(passphrase, from_file=True)
+    )
+    state, _, _ = reader.Reader(store, header).state()
+    reached, stack = {1}, [1]
+    while stack:
+        for ino in (state.inodes[stack.pop()].entries or {}).values():
+            if ino not in reached:
+                reached.add(ino)
+                stack.append(ino)
+    return {ino: node.nlink for ino, node in state.inodes.items() if ino not in reached}
+
+
 def check_crash(
     env: VolumeEnv,
     store: Any,
@@ -255,7 +274,9 @@ def check_crash(
         journal = env.root / f"journal-{seed}-{rnd}"
         base = env.root / f"base-{seed}-{rnd}.json"
         base.write_text(json.dumps(history))
-        env.mount("--commit-interval", COMMIT_INTERVALS[seed % 3], *extra)
+        on_close = seed % 5 == 4
+        env.mount("--commit-interval", COMMIT_INTERVALS[seed % 3], *extra,
+                  *(["--sync-on-close"] if on_close else []))  # fmt: skip
         proc = start_workload(env.mnt, journal, seed * 100 + rnd, base if rnd else None)
         time.sleep(rng.uniform(0.3, 2.5))
         if disk:
@@ -263,7 +284,7 @@ def check_crash(
         crash(env, proc)
         if disk:
             disk.remount()
-        new, barrier, errors = crash_model.read_journal(str(journal))
+        new, barrier, errors = crash_model.read_journal(str(journal), on_close)
         # What a dead daemon makes every call fail with (a write cut short: EIO, from
         # the workload); a power cut may come first: the mount turns read-only.
         allowed = {errno.ECONNABORTED, errno.ENOTCONN, errno.EIO}
@@ -316,10 +337,34 @@ def check_crash(
             assert node == before.tree[path], f"{where}: {path}: mount {node}, reader" + str(
                 before.tree[path])  # fmt: skip
         # ... and read-write, whose recovery commit (writer claim, orphans deleted) and
-        # clean unmount must change nothing the reader sees.
+        # clean unmount must change nothing the reader sees, even when the daemon is
+        # killed during that unmount (its final commit, the snapshot it may write).
+        env.mount(*extra)
+        unmounting = subprocess.Popen(
+            [sys.executable, "-m", "sealfs.cli.main", "umount", str(env.mnt)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(rng.uniform(0.0, 0.4))
+        for pid in env.daemon_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        unmounting.wait(timeout=120)
+        deadline = time.monotonic() + 30
+        while env.daemon_pids() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        force_unmount(str(env.mnt))
+        env._disarm_watchdog()
+        midway = read_volume(copy_store() if copy_store else store, passphrase=passphrase)
+        for path in set(midway.tree) | set(before.tree):
+            assert midway.tree.get(path) == before.tree.get(path), (
+                f"{where}: an unmount killed midway changed {path}"
+            )
         env.mount(*extra)
         env.umount()
-        after = read_volume(copy_store() if copy_store else store, passphrase=passphrase)
+        after_store = copy_store() if copy_store else store
+        after = read_volume(after_store, passphrase=passphrase)
+        orphans = unreachable(after_store, passphrase)
+        assert not orphans, f"{where}: inodes no name reaches survived recovery: {orphans}"
         assert after.generation > before.generation
         for path in set(after.tree) | set(before.tree):
             assert after.tree.get(path) == before.tree.get(path), (
