@@ -16,22 +16,27 @@ in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEI
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
 import json
+import mmap
 import os
 import posixpath
 import random
 import stat
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 PAGE = 4096
 MAX_FILE = 6 << 20  # a file may grow past a few chunks, no further
-NAMES = [f"f{i}" for i in range(10)] + ["d0", "d1", "d2"]
-XATTRS = [b"user.a", b"user.b", b"user.c"]
+# A name of 255 bytes (NAME_MAX) too, and one of non-ASCII UTF-8.
+NAMES = [f"f{i}" for i in range(10)] + ["d0", "d1", "d2", "n" * 255, "é-ß-€"]
+# trusted.* needs CAP_SYS_ADMIN: the workload runs as root where FUSE tests run.
+XATTRS = [b"user.a", b"user.b", b"user.c"] + ([b"trusted.t"] if os.geteuid() == 0 else [])
 FILE_PERMS = [0o644, 0o600, 0o640, 0o755, 0o700]
 DIR_PERMS = [0o755, 0o700, 0o750]
 
@@ -247,9 +252,20 @@ class Model:
         kind = rng.choices(
             ["create", "write", "append", "truncate", "rename", "unlink", "mkdir", "rmdir",
              "symlink", "link", "setxattr", "removexattr", "chmod", "utime", "fsync", "open",
-             "fdwrite", "ftruncate", "close", "stream"],
-            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs, 2, 6, 1, 1, stream],
+             "fdwrite", "ftruncate", "close", "stream", "mmap"],
+            [8, 22, 10, 6, 9, 5, 4, 2, 3, 3, 4, 2, 3, 3, fsyncs, 2, 6, 1, 1, stream, 3],
         )[0]  # fmt: skip
+        if kind == "mmap":
+            # A store through a shared mapping, then msync(MS_SYNC): an fsync, so a
+            # barrier. Within one page, which the kernel writes back whole.
+            sized = [f for f in files if self.node(f).data]
+            if not sized:
+                return None
+            path = rng.choice(sized)
+            off = rng.randrange(len(self.node(path).data))
+            room = min(len(self.node(path).data) - off, PAGE - off % PAGE)
+            return {"op": "write", "path": path, "off": off, "seed": rng.randrange(1 << 30),
+                    "len": rng.randrange(1, room + 1), "mmap": True}  # fmt: skip
         if kind == "stream":
             if "/big" not in self.paths:
                 return {"op": "create", "path": "/big", "perm": 0o644}
@@ -346,7 +362,8 @@ class Model:
             path = rng.choice(targets)
             node = self.node(path)
             if kind == "setxattr":
-                value = rng.randbytes(rng.randrange(0, 100)).hex()
+                size = rng.choice([0, rng.randrange(1, 100), rng.randrange(100, 20_000)])
+                value = rng.randbytes(size).hex()
                 return {"op": kind, "path": path, "name": rng.choice(XATTRS).decode(),
                         "value": value}  # fmt: skip
             if kind == "removexattr":
@@ -384,6 +401,15 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
 
     if kind == "create":
         os.close(os.open(at("path"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, op["perm"]))
+    elif kind == "write" and op.get("mmap"):
+        fd = os.open(at("path"), os.O_RDWR)
+        try:
+            start = op["off"] - op["off"] % mmap.PAGESIZE
+            with mmap.mmap(fd, op["off"] + op["len"] - start, offset=start) as m:
+                m[op["off"] - start :] = payload(op["seed"], op["len"])
+                m.flush()  # msync(MS_SYNC)
+        finally:
+            os.close(fd)
     elif kind in ("write", "append"):
         flags = os.O_WRONLY | (os.O_APPEND if kind == "append" else 0)
         flags |= os.O_DSYNC if op.get("sync") else 0
@@ -457,7 +483,7 @@ def is_barrier(op: dict[str, Any], sync_on_close: bool = False) -> bool:
     the close of a descriptor opened for writing (README, Durability)."""
     if sync_on_close and op["op"] in CLOSES_WRITABLE:
         return True
-    return op["op"] in ("fsync", "fdsync") or bool(op.get("sync"))
+    return op["op"] in ("fsync", "fdsync") or bool(op.get("sync") or op.get("mmap"))
 
 
 def read_journal(
@@ -478,9 +504,38 @@ def read_journal(
                 ops.append(rec["begin"])
             elif "end" in rec and is_barrier(ops[rec["i"]], sync_on_close):
                 barrier = rec["i"] + 1
+            elif "covers" in rec:
+                barrier = max(barrier, rec["covers"])
             elif "error" in rec:
                 errors.append((rec["errno"], rec["error"]))
     return ops, barrier, errors
+
+
+class Syncer(threading.Thread):
+    """fsync of the root directory, again and again, beside the ops: each one that
+    returns covers every op that had completed when it began (README: fsync of any
+    file or directory commits every earlier operation on the volume), so concurrent
+    fsyncs, sharing commits with the ops' own, are judged as barriers too."""
+
+    def __init__(self, mnt: str, seed: int, progress: list[int], log: Any) -> None:
+        super().__init__(daemon=True)
+        self.mnt, self.rng, self.progress, self.log = mnt, random.Random(-seed), progress, log
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        fd = os.open(self.mnt, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            while not self.stopping.is_set():
+                covered = self.progress[0]
+                try:
+                    os.fsync(fd)
+                except OSError:
+                    return  # the daemon died: the ops' thread stops at its own error
+                self.log({"covers": covered}, sync=True)
+                self.stopping.wait(self.rng.uniform(0.0, 0.03))
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def run(
@@ -488,7 +543,8 @@ def run(
 ) -> None:
     """Make count random ops; stop at the first error (the daemon was killed). base
     names a JSON file of the ops that made the tree the workload starts from (the
-    state an earlier crash left), if it is not empty."""
+    state an earlier crash left), if it is not empty. With few fsyncs among the ops, a
+    Syncer thread fsyncs beside them."""
     os.umask(0)
     rng = random.Random(seed)
     model = Model()
@@ -498,30 +554,42 @@ def run(
         with open(base) as f:
             for op in json.load(f):
                 model.apply(op)
+    lock = threading.Lock()
     with open(journal, "w") as j:
-        print("started", flush=True)
-        done = 0
-        fds: dict[int, int] = {}
-        while done < count:
-            op = model.choose(rng, fsyncs, stream)
-            if op is None:
-                continue
-            j.write(json.dumps({"i": done, "begin": op}) + "\n")
-            j.flush()
-            try:
-                perform(mnt, op, fds)
-            except OSError as exc:
-                j.write(json.dumps({"i": done, "error": f"{exc!r}", "errno": exc.errno}) + "\n")
+
+        def log(record: dict[str, Any], sync: bool = False) -> None:
+            with lock:
+                j.write(json.dumps(record) + "\n")
                 j.flush()
-                os.fsync(j.fileno())
-                print("stopped", flush=True)
-                return
-            model.apply(op)
-            j.write(json.dumps({"i": done, "end": True}) + "\n")
-            j.flush()
-            if is_barrier(op):
-                os.fsync(j.fileno())
-            done += 1
+                if sync:
+                    os.fsync(j.fileno())
+
+        print("started", flush=True)
+        progress = [0]  # ops completed: what an fsync begun now covers
+        syncer = Syncer(mnt, seed, progress, log) if fsyncs < 4 else None
+        if syncer:
+            syncer.start()
+        fds: dict[int, int] = {}
+        try:
+            while progress[0] < count:
+                done = progress[0]
+                op = model.choose(rng, fsyncs, stream)
+                if op is None:
+                    continue
+                log({"i": done, "begin": op})
+                try:
+                    perform(mnt, op, fds)
+                except OSError as exc:
+                    log({"i": done, "error": f"{exc!r}", "errno": exc.errno}, sync=True)
+                    print("stopped", flush=True)
+                    return
+                model.apply(op)
+                log({"i": done, "end": True}, sync=is_barrier(op))
+                progress[0] = done + 1
+        finally:
+            if syncer:
+                syncer.stopping.set()
+                syncer.join()
     print("done", flush=True)
 
 
