@@ -173,9 +173,9 @@ class Model:
                 buf = buf[: cut - off]
             node.data = write_into(node.data, off, buf)
             node.changed_data()
-        elif kind in ("truncate", "ftruncate"):
-            node = self.node(path) if kind == "truncate" else self.nodes[self.fds[op["fd"]]]
-            size = op["size"]
+        elif kind in ("truncate", "ftruncate", "otrunc"):
+            node = self.nodes[self.fds[op["fd"]]] if kind == "ftruncate" else self.node(path)
+            size = op.get("size", 0)
             node.data = node.data[:size] + bytes(max(0, size - len(node.data)))
             node.changed_data()
         elif kind == "rename":
@@ -309,6 +309,8 @@ class Model:
         if kind in ("write", "append", "truncate") and files:
             path = rng.choice(files)
             size = len(self.node(path).data)
+            if kind == "truncate" and rng.random() < 0.25:
+                return {"op": "otrunc", "path": path}  # open(O_TRUNC): the daemon truncates
             if kind == "truncate":
                 new = rng.choice([0, size // 2, size + rng.randrange(1, 300_000), rng.randrange(
                     0, MAX_FILE // 2)])  # fmt: skip
@@ -422,6 +424,8 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
             os.close(fd)
     elif kind == "truncate":
         os.truncate(at("path"), op["size"])
+    elif kind == "otrunc":
+        os.close(os.open(at("path"), os.O_WRONLY | os.O_TRUNC))
     elif kind == "open":
         fds[op["fd"]] = os.open(at("path"), os.O_RDWR)
     elif kind == "fdwrite":
@@ -474,7 +478,7 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
 
 
 # Ops that close a descriptor opened for writing: with --sync-on-close, barriers.
-CLOSES_WRITABLE = ("create", "write", "append", "close")
+CLOSES_WRITABLE = ("create", "write", "append", "close", "otrunc")
 
 
 def is_barrier(op: dict[str, Any], sync_on_close: bool = False) -> bool:

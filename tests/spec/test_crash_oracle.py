@@ -53,15 +53,20 @@ REPO = Path(__file__).resolve().parents[2]
 # Mostly many commits, so the kill lands between and inside them; one seed in three
 # with the default interval, so that one commit carries many ops (and data piles up).
 COMMIT_INTERVALS = ["0.05", "0.05", "1"]
-ROUNDS = int(
-    os.environ.get("SEALFS_ORACLE_ROUNDS", "2")
-)  # many commits, so the kill lands between and inside them
-# SEALFS_ORACLE_SEEDS="1 2 3 ..." runs other seeds (a longer search than CI's).
-LOCAL_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_SEEDS", "").split()] or [
-    101, 202, 303, 404, 505, 606]  # fmt: skip
-POWER_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_POWER_SEEDS", "").split()] or [
-    909, 1010]  # fmt: skip
-S3_SEEDS = [int(s) for s in os.environ.get("SEALFS_ORACLE_S3_SEEDS", "").split()] or [707, 808]
+
+
+def _seeds(variable: str, default: list[int]) -> list[int]:
+    return [int(s) for s in os.environ.get(variable, "").split()] or default
+
+
+# The seed picks the variation (see check_crash and start_workload): odd seeds rarely
+# fsync and run a concurrent fsync thread, seed % 3 == 2 streams a large file under a
+# 1 s commit interval, seed % 5 == 4 mounts with --sync-on-close. CI's seeds cover each;
+# SEALFS_ORACLE_SEEDS="1 2 3 ..." (and _POWER_SEEDS, _S3_SEEDS, _ROUNDS) search further.
+ROUNDS = int(os.environ.get("SEALFS_ORACLE_ROUNDS", "2"))
+LOCAL_SEEDS = _seeds("SEALFS_ORACLE_SEEDS", [101, 202, 304])
+POWER_SEEDS = _seeds("SEALFS_ORACLE_POWER_SEEDS", [909])
+S3_SEEDS = _seeds("SEALFS_ORACLE_S3_SEEDS", [808])
 
 
 STORED = (b"user.", b"trusted.")  # the xattr namespaces the workload sets
@@ -284,7 +289,7 @@ def check_crash(
         env.mount("--commit-interval", COMMIT_INTERVALS[seed % 3], *extra,
                   *(["--sync-on-close"] if on_close else []))  # fmt: skip
         proc = start_workload(env.mnt, journal, seed * 100 + rnd, base if rnd else None)
-        time.sleep(rng.uniform(0.3, 2.5))
+        time.sleep(rng.uniform(0.2, 1.6))
         if disk:
             disk.cut()
         stopped = crash(env, proc)
