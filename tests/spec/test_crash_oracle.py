@@ -177,7 +177,7 @@ def describe(tree: dict[str, Node], ops: list[dict[str, Any]], k: int, paths: li
     for op in ops[:k]:
         model.apply(op)
     want, got = model.fingerprint(), reader_fingerprint(tree)
-    lines = [f"closest prefix {k} of {len(ops)}; next ops: {ops[k : k + 3]}"]
+    lines = [f"closest prefix {k} of {len(ops)}; next ops: {str(ops[k : k + 3])[:600]}"]
     for path in paths[:10]:
         lines.append(f"  {path}: model {_short(want.get(path))} reader {_short(got.get(path))}")
         touching = [i for i, op in enumerate(ops) if path in (op.get("path"), op.get("src"),
