@@ -197,7 +197,7 @@ class Model:
             def swapped(p: str) -> str:
                 for a, b in ((src, dst), (dst, src)):
                     if p == a or p.startswith(a + "/"):
-                        return b + p[len(a) :]
+                        return str(b) + p[len(a) :]
                 return p
 
             self.paths = {swapped(p): i for p, i in self.paths.items()}
@@ -261,10 +261,10 @@ class Model:
             sized = [f for f in files if self.node(f).data]
             if not sized:
                 return None
-            path = rng.choice(sized)
-            off = rng.randrange(len(self.node(path).data))
-            room = min(len(self.node(path).data) - off, PAGE - off % PAGE)
-            return {"op": "write", "path": path, "off": off, "seed": rng.randrange(1 << 30),
+            mapped = rng.choice(sized)
+            off = rng.randrange(len(self.node(mapped).data))
+            room = min(len(self.node(mapped).data) - off, PAGE - off % PAGE)
+            return {"op": "write", "path": mapped, "off": off, "seed": rng.randrange(1 << 30),
                     "len": rng.randrange(1, room + 1), "mmap": True}  # fmt: skip
         if kind == "stream":
             if "/big" not in self.paths:
@@ -294,6 +294,8 @@ class Model:
                 return {"op": "ftruncate", "fd": slot, "size": 0}
             return {"op": kind, "fd": slot, "off": off, "seed": rng.randrange(1 << 30),
                     "len": length}  # fmt: skip
+        path: str | None
+        dst: str | None
         if kind == "create" and rng.random() < 0.1:
             path = self._fresh(rng)
             return {"op": "mkfifo", "path": path, "perm": 0o640} if path else None
@@ -399,7 +401,7 @@ def perform(mnt: str, op: dict[str, Any], fds: dict[int, int]) -> None:
     kind = op["op"]
 
     def at(key: str) -> str:
-        return mnt + op[key]
+        return mnt + str(op[key])
 
     if kind == "create":
         os.close(os.open(at("path"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, op["perm"]))
@@ -604,4 +606,6 @@ def kind_of(mode: int) -> str:
 
 
 if __name__ == "__main__":
-    run(*sys.argv[1:3], *map(int, sys.argv[3:7]), sys.argv[7] if len(sys.argv) > 7 else None)
+    mnt_, journal_, seed_, count_, fsyncs_, stream_ = sys.argv[1:7]
+    run(mnt_, journal_, int(seed_), int(count_), int(fsyncs_), int(stream_),
+        sys.argv[7] if len(sys.argv) > 7 else None)  # fmt: skip

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import random
@@ -86,7 +87,7 @@ def reader_fingerprint(tree: dict[str, Node]) -> dict[str, Entry]:
         data = node.data if node.data is not None else b""
         out[path] = (
             kind, stat.S_IMODE(node.mode), node.size,
-            crash_model.hashlib.sha256(data).digest() if is_file else b"", node.target,
+            hashlib.sha256(data).digest() if is_file else b"", node.target,
             frozenset((k, v) for k, v in node.xattrs.items() if k.startswith(STORED)),
             node.nlink if is_file else 0, node.mtime_ns,
             tuple(sorted(groups[node.ino])) if is_file else (),
@@ -111,7 +112,8 @@ def cut_write(model: Model, op: dict[str, Any], data: bytes) -> int | None:
     """The file offset at which op (a write the model has not applied yet) must have
     been cut for its file to hold data, if such a cut is at a page boundary."""
     old = model.nodes[model.written(op)].data
-    off, buf = op["off"], crash_model.payload(op["seed"], op["len"])
+    off: int = op["off"]
+    buf = crash_model.payload(op["seed"], op["len"])
     common = 0
     window = data[off : off + len(buf)]
     while common < len(window) and window[common] == buf[common]:
@@ -122,7 +124,7 @@ def cut_write(model: Model, op: dict[str, Any], data: bytes) -> int | None:
         if candidate in (off, off + len(buf)) or candidate % crash_model.PAGE:
             continue
         if bytes(crash_model.write_into(old, off, buf[: candidate - off])) == data:
-            return candidate
+            return int(candidate)
     return None
 
 
