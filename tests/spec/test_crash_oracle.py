@@ -17,8 +17,15 @@ docs/format.md alone (tests/spec/reader.py) reads it, and:
 - a remount with sealfs must show exactly the reader's tree, and after the
   remount's recovery commit and a clean unmount the reader must still see it.
 
-The same runs against an S3 store (moto over HTTP), whose objects are copied
-into a directory laid out as a local store for the reader.
+Each volume takes several rounds: a round after the first goes on from the tree
+the last crash left, so that replay crosses recovery commits and the snapshots
+clean unmounts write; each round also kills the daemon during an unmount. The
+same runs with the power of the store's disk cut first (a loop-mounted ext4,
+tests/conftest.py), and against an S3 store (moto over HTTP, in
+tests/s3/test_crash_oracle_s3.py), whose objects are copied into a directory
+laid out as a local store for the reader.
+
+The oracle itself is checked: with fsync made to commit nothing it fails at once.
 """
 
 from __future__ import annotations
