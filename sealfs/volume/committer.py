@@ -138,6 +138,9 @@ class Committer:
         # The last early flush that gave up on the store: a commit that waited for it fails
         # with it.
         self._early_gave_up: StoreUnavailableError | None = None
+        # The last commit flush that gave up on the store: an early flush that waited for
+        # it (writers blocked at the buffer limit wait for that) fails with it.
+        self._commit_gave_up: StoreUnavailableError | None = None
         self._wake = trio.Event()
         self._started = 0
         self._cut = 0  # commits that have taken their cut or ended (_started, or one less)
@@ -326,7 +329,9 @@ class Committer:
             dirty = sum(sizes.values())
             space = files.space
         if dirty < MIN_CHUNK and files.buffered_bytes > dirty:
+            gave_up = self._commit_gave_up
             await space.wait()
+            self._raise_if_gave_up_since(gave_up)
             return False
         await self.commit()
         return True
@@ -341,7 +346,9 @@ class Committer:
         """
         job = self._detach(ino, self.pending)
         if job is None:
+            gave_up = self._commit_gave_up
             await self._files.wait_idle(ino)  # a commit is flushing it: wait, don't spin
+            self._raise_if_gave_up_since(gave_up)
             return False
         produced: list[ops.Op] = []
         try:
@@ -358,6 +365,17 @@ class Committer:
             produced = [op for op in produced if op[0] != ops.DATA]
         self.pending.extend(produced)
         return True
+
+    def _raise_if_gave_up_since(self, before: StoreUnavailableError | None) -> None:
+        """After waiting for a commit's flush: raise its give-up on the store, if it gave up.
+
+        An early flush that only waited would try again with uploads of its own, each
+        waiting the whole store timeout once more: a writer blocked at the buffer limit
+        while a commit stored its file's earlier bytes got its EIO after twice
+        --store-timeout (ten minutes by default), in a write that SIGKILL cannot end.
+        """
+        if self._commit_gave_up is not before and self._commit_gave_up is not None:
+            raise StoreUnavailableError(str(self._commit_gave_up))
 
     async def _flush_until_given_up(self, job: Detached, sink: list[ops.Op]) -> SparseBuffer:
         """An early flush that stops at the first upload giving up on the store, as a
@@ -399,6 +417,7 @@ class Committer:
             # error that came first (a damaged neighbour read for merging), retry, and
             # be cancelled; the commit would then publish without the flushes it stopped.
             failure.append(exc)
+            self._commit_gave_up = exc  # before the flush ends and wakes who waits for it
             nursery.cancel_scope.cancel()
 
         def failed(exc: BaseException) -> None:
@@ -406,6 +425,7 @@ class Committer:
                 raise exc
             failure.append(exc)
             if isinstance(exc, StoreUnavailableError):
+                self._commit_gave_up = exc
                 nursery.cancel_scope.cancel()
 
         async def one(job: Detached) -> None:

@@ -228,6 +228,60 @@ def test_fsync_behind_a_failing_background_commit_fails_within_the_store_timeout
     env.umount()
 
 
+def test_a_writer_blocked_behind_a_commit_that_gave_up_fails_with_that_give_up(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """A writer blocked at the buffer limit while a commit was storing its file's earlier
+    bytes. Regression: it waited for that commit to give up on the store, then for an
+    early flush of its own to give up again, twice --store-timeout (ten minutes by
+    default) inside a write(2) that not even SIGKILL ends. The commit's give-up is the
+    writer's: no upload may begin between the first give-up and the writer's error."""
+    env = s3_env
+    env.mount("--store-timeout", "3", "--commit-interval", "60")
+    block = os.urandom(1 << 20)
+    written = 0
+    fd = os.open(env.mnt / "stream.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(4):  # below the flush threshold: only a commit takes these
+            written += os.write(fd, block)
+        puts = proxy.seen["PUT"]
+        proxy.set_faults(1.0, ["503"])  # every request answered 503 until the timeout
+        commit_errors: list[int | None] = []
+
+        def commit() -> None:
+            try:
+                commit_mount(str(env.mnt))
+            except OSError as exc:
+                commit_errors.append(exc.errno)
+
+        committer = threading.Thread(target=commit)
+        committer.start()
+        deadline = time.monotonic() + 60
+        while proxy.seen["PUT"] == puts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.seen["PUT"] > puts, "the commit never began to upload"
+        with pytest.raises(OSError) as info:
+            for _ in range(300):  # far past the 64 MiB buffer limit
+                written += os.write(fd, block)
+        assert info.value.errno == errno.EIO
+        committer.join(60)
+        assert commit_errors == [errno.EIO]
+        log = env.log_text()
+        given_up = log.index("unreachable after")  # the first give-up's line
+        refused = log.index("writes past the buffer limit fail with EIO")
+        began = log[given_up:refused].count("(attempt 1,")  # each request's first failure
+        assert began == 0, f"the writer waited for {began} more uploads to give up"
+        proxy.set_faults(0.0)
+        os.fsync(fd)  # nothing written was dropped: this commit carries it all
+    finally:
+        os.close(fd)
+    env.umount()
+    fresh_cache(env)
+    env.mount()
+    assert (env.mnt / "stream.bin").read_bytes() == block * (written >> 20)
+    env.umount()
+
+
 def test_sigterm_whose_final_commit_fails_says_what_is_lost(
     s3_env: S3VolumeEnv, proxy: FaultProxy
 ) -> None:
