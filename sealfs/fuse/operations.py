@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -25,6 +26,7 @@ from sealfs.errors import (
     FsError,
     IntegrityError,
     NoSpaceError,
+    ObjectNotFoundError,
     SealfsError,
     StoreError,
 )
@@ -47,17 +49,59 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class RepeatedErrors:
+    """Logs a request's error once, then the same error again only ten minutes later.
+
+    Every request that fails logs why, but a store that stays broken fails every
+    request alike: against a full store disk, each fsync of an agent checkpointing
+    every second wrote the same line (3,600 an hour per agent, for as long as the
+    disk stayed full). The commit loop's own failures are logged once already, and
+    its success after them too (RetryLog). A line that comes again says how many
+    times it was left out meanwhile. Only the newest MAX_KEPT distinct lines are
+    remembered, so that errors naming many objects cannot grow this. A damaged or
+    missing object is not one of these: each read it fails is logged (README).
+    """
+
+    REPEAT_AFTER = 600.0
+    MAX_KEPT = 256
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._logged: dict[str, tuple[float, int]] = {}  # line: (logged at, left out since)
+
+    def error(self, line: str) -> None:
+        now = self._clock()
+        logged = self._logged.pop(line, None)
+        if logged is not None and now - logged[0] < self.REPEAT_AFTER:
+            self._logged[line] = (logged[0], logged[1] + 1)
+            return
+        left_out = logged[1] if logged is not None else 0
+        more = (
+            f" (the same error {left_out} more times since it was last logged)" if left_out else ""
+        )
+        log.error("%s%s", line, more)
+        self._logged[line] = (now, 0)
+        if len(self._logged) > self.MAX_KEPT:
+            del self._logged[next(iter(self._logged))]
+
+
+_repeated = RepeatedErrors()
+
+
 def _errno_of(exc: BaseException) -> int:
     if isinstance(exc, FsError):
         return exc.errno
     if isinstance(exc, FencedError):
-        log.error("%s", exc)
+        _repeated.error(str(exc))
         return errno.EROFS
     if isinstance(exc, NoSpaceError):
-        log.error("%s", exc)
+        _repeated.error(str(exc))
         return errno.ENOSPC
-    if isinstance(exc, IntegrityError | FormatError | StoreError | SealfsError):
-        log.error("I/O error: %s", exc)
+    if isinstance(exc, IntegrityError | FormatError | ObjectNotFoundError):
+        log.error("I/O error: %s", exc)  # a damaged or missing object: each read says so
+        return errno.EIO
+    if isinstance(exc, StoreError | SealfsError):
+        _repeated.error(f"I/O error: {exc}")
         return errno.EIO
     log.exception("unexpected error in a filesystem request", exc_info=exc)
     return errno.EIO
