@@ -108,6 +108,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         *_seen(s),
         ("last commit", when),
         ("pending", _pending(s)),
+        *_failing(s),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
         ("logical size", f"{format_size(logical)} ({format_size(data)} outside holes)"),
         ("after dedup", f"{format_size(unique)} ({_ratio(data, unique)})"),
@@ -153,6 +154,25 @@ def _seen(s: dict[str, Any]) -> list[tuple[str, str]]:
     behind = seen > s["generation"]
     return [("seen on this host", f"generation {seen}" + (" (the store is behind it: rolled"
              " back or restored; a mount needs --accept-rollback)" if behind else ""))]  # fmt: skip
+
+
+def _failing(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The commits failing since the last one succeeded, and why (a daemon older than the
+    field sends none)."""
+    failure = s.get("commit_failure")
+    if not failure:
+        return []
+    since = datetime.datetime.fromtimestamp(failure["since_ns"] / 1e9).isoformat(
+        sep=" ", timespec="seconds"
+    )
+    attempts = failure["attempts"]
+    return [
+        (
+            "commits failing",
+            f"since {since} ({attempts} attempt{'s' if attempts != 1 else ''}; nothing"
+            f" written is dropped, retried until the store takes it): {failure['error']}",
+        )
+    ]
 
 
 def _pending(s: dict[str, Any]) -> str:

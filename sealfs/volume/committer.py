@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import time
+from dataclasses import dataclass
 
 import trio
 
@@ -62,6 +63,15 @@ SNAPSHOT_EVERY_BYTES = 32 << 20
 # After a failed snapshot, the loop tries again only this much later: compaction replays
 # the whole log since the last snapshot, and a full disk failed it every second.
 SNAPSHOT_RETRY_DELAY = 60.0
+
+
+@dataclass(frozen=True)
+class CommitFailure:
+    """The commits failing in a row: since when, the last one's error, how many."""
+
+    since_ns: int
+    error: str
+    attempts: int
 
 
 class RetryLog:
@@ -148,6 +158,9 @@ class Committer:
         self._wanted = 0  # sync() callers wait for the commit with this number
         self._done = trio.Event()
         self._failure: BaseException | None = None
+        # Since when commits fail, why the last one did, how many did: for status, which
+        # otherwise showed a store outage as an idle mount (the log alone said why).
+        self.failing: CommitFailure | None = None
         self.stopped: WriterStoppedError | None = None  # fenced, or its store lost writes
         # A segment create that may have landed: (segment, sealed, digest).
         self._unsure: tuple[Segment, bytes, bytes] | None = None
@@ -252,8 +265,16 @@ class Committer:
             try:
                 await self._commit(extra or [])
                 self._failure = None
+                self.failing = None
             except BaseException as exc:
                 self._failure = exc
+                if isinstance(exc, SealfsError) and not isinstance(exc, WriterStoppedError):
+                    last = self.failing
+                    self.failing = CommitFailure(
+                        since_ns=time.time_ns() if last is None else last.since_ns,
+                        error=str(exc),
+                        attempts=1 if last is None else last.attempts + 1,
+                    )
                 raise
             finally:
                 # One that failed before its cut has none left to take: counted as taken,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import trio.lowlevel
@@ -62,6 +63,8 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "read_only": volume.read_only,
         "fenced": isinstance(commits.stopped, FencedError),
         "stopped": None if commits.stopped is None else str(commits.stopped),
+        # The commits failing since the last that succeeded (a store unreachable or full).
+        "commit_failure": None if commits.failing is None else asdict(commits.failing),
         "commit_interval": volume.options.commit_interval,
         "key_epoch": volume.loaded.keys.epoch,
         "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),

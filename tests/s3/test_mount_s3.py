@@ -202,6 +202,34 @@ def test_short_store_timeout_fails_fsync_with_eio_and_keeps_the_data(
     env.umount()
 
 
+def test_status_says_that_commits_fail_while_the_store_is_unreachable(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """An operator runs `sealfs status` during an outage. Regression: it showed the last
+    commit's time and the bytes pending, exactly as for a mount that had merely been
+    idle, and nothing of the commits failing: only the daemon's log said why."""
+    env = s3_env
+    env.mount("--store-timeout", "2")
+    checkpoint(env.mnt, "before.bin", b"b" * 5000)
+    proxy.close()
+    with open(env.mnt / "during.bin", "wb") as f:
+        f.write(b"d" * 5000)
+        f.flush()
+        with pytest.raises(OSError) as info:
+            os.fsync(f.fileno())
+        assert info.value.errno == errno.EIO
+        failing = env.status()["commit_failure"]
+        assert failing is not None and "unreachable" in failing["error"], failing
+        table = sealfs("status", str(env.mnt))
+        assert table.returncode == 0, table.stderr
+        assert "commits failing" in table.stdout and "unreachable" in table.stdout, table.stdout
+        proxy.reopen()
+        os.fsync(f.fileno())
+    assert env.status()["commit_failure"] is None
+    assert "commits failing" not in sealfs("status", str(env.mnt)).stdout
+    env.umount()
+
+
 def test_fsync_behind_a_failing_background_commit_fails_within_the_store_timeout(
     s3_env: S3VolumeEnv, proxy: FaultProxy
 ) -> None:
