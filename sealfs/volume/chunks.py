@@ -44,6 +44,10 @@ CHUNK_PREFIX = "c/"
 # Workers that neither prefetches nor uploads take, so that commits and demand reads
 # find one (the engine adds them to io_threads: each side keeps io_threads in flight).
 RESERVED_WORKERS = 2
+# A chunk whose fetch gave up on the store fails a fetch begun this soon after at once
+# (see Chunks.read): the kernel's retry and the fetch's waiters come within milliseconds,
+# and a store back by then is asked again a second later.
+GAVE_UP_FRESH = 1.0
 # A sealed chunk holds at most MAX_CHUNK payload bytes (zstd only where it saves),
 # so a larger object under a chunk's name is refused before it is read into memory.
 MAX_SEALED_CHUNK = MAX_CHUNK + ENVELOPE_OVERHEAD
@@ -144,6 +148,8 @@ class Chunks:
         # content is uploaded again instead of deduplicated against them, so that
         # writing a damaged file's bytes again (from a good source) repairs it.
         self._unusable: set[bytes] = set()
+        # Chunks whose fetch gave up on the store just now: (when, why), by trio's clock.
+        self._gave_up: dict[bytes, tuple[float, StoreUnavailableError]] = {}
         self.uploaded_bytes = 0
 
     def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -258,7 +264,14 @@ class Chunks:
             raise FormatError(f"chunk {name} is malformed: {exc}") from None
 
     async def read(self, chunk_id: bytes) -> bytes:
-        """The plaintext of a chunk. Raises IntegrityError, ObjectNotFoundError, StoreError."""
+        """The plaintext of a chunk. Raises IntegrityError, ObjectNotFoundError, StoreError.
+
+        A fetch that gave up on the store (StoreUnavailableError, after the whole store
+        timeout) fails the fetches of the same chunk begun within GAVE_UP_FRESH with it:
+        the kernel asks again at once for a page whose read-ahead failed, and a reader
+        that waited for another's fetch fetched anew, so a cold read(2) during an outage
+        failed after twice --store-timeout (ten minutes by default).
+        """
         while True:
             data = self.cache.get(chunk_id)
             if data is not None:
@@ -267,12 +280,22 @@ class Chunks:
             if pending is None:
                 break
             await pending.wait()  # then look in the cache again (or fetch, if it failed)
+        gave_up = self._gave_up.get(chunk_id)
+        if gave_up is not None and trio.current_time() - gave_up[0] < GAVE_UP_FRESH:
+            raise StoreUnavailableError(str(gave_up[1]))
         done = self._inflight[chunk_id] = trio.Event()
         try:
             data = await trio.to_thread.run_sync(
                 self._get_and_open, chunk_id, limiter=self._limiter
             )
+        except StoreUnavailableError as exc:
+            now = trio.current_time()
+            self._gave_up = {c: g for c, g in self._gave_up.items() if now - g[0] < GAVE_UP_FRESH}
+            self._gave_up[chunk_id] = (now, exc)
+            raise
+        else:
             self.cache.put(chunk_id, data)
+            self._gave_up.pop(chunk_id, None)
             return data
         finally:
             del self._inflight[chunk_id]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sealfs.cli.mount_cmd import commit_mount
+from sealfs.volume.chunks import GAVE_UP_FRESH
 from tests.conftest import crashable_ext4
 from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs, write_secret
 from tests.s3.conftest import S3VolumeEnv
@@ -227,6 +228,35 @@ def test_status_says_that_commits_fail_while_the_store_is_unreachable(
         os.fsync(f.fileno())
     assert env.status()["commit_failure"] is None
     assert "commits failing" not in sealfs("status", str(env.mnt)).stdout
+    env.umount()
+
+
+def test_a_cold_read_during_an_outage_waits_for_one_give_up_per_chunk(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """A file in no cache, read while the store is unreachable. Regression: the kernel
+    asks again for a page whose read-ahead failed, and each fetch of the chunk waited the
+    whole store timeout anew, so the read(2) failed after twice --store-timeout (ten
+    minutes by default); so did a read that had waited for another's fetch of the same
+    chunk. A chunk whose fetch just gave up fails its next fetch at once."""
+    env = s3_env
+    env.mount("--store-timeout", "3")
+    data = os.urandom(6 << 20)
+    checkpoint(env.mnt, "cold.bin", data)
+    env.umount()
+    fresh_cache(env)
+    env.mount("--store-timeout", "3")
+    proxy.close()
+    with pytest.raises(OSError) as info:
+        (env.mnt / "cold.bin").read_bytes()
+    assert info.value.errno == errno.EIO
+    fetched = re.findall(r"store get (c/\S+) failed \(attempt 1,", env.log_text())
+    assert fetched, env.log_text()
+    again = {name for name in fetched if fetched.count(name) > 1}
+    assert not again, f"fetched anew after giving up: {again}"
+    proxy.reopen()
+    time.sleep(GAVE_UP_FRESH)  # a fetch begun within it fails with the give-up, by design
+    assert (env.mnt / "cold.bin").read_bytes() == data
     env.umount()
 
 
