@@ -442,9 +442,21 @@ def run_sync(args: argparse.Namespace) -> int:
     try:
         commit_mount(mnt)
     except OSError as exc:
-        error_line(f"commit failed ({exc.strerror}); see {_daemon_log(status)}")
+        error_line(f"{_commit_failed(mnt, exc)}; see {_daemon_log(status)}")
         return FAILURE
     return 0
+
+
+def _commit_failed(mnt: str, exc: OSError) -> str:
+    """ "commit failed" and why, as the daemon's status has it: the fsync's errno alone
+    ("Input/output error") sent the operator to the log to learn that the store was
+    unreachable, or full."""
+    try:
+        failure = read_status(mnt).get("commit_failure")
+    except OSError:
+        failure = None
+    why = failure.get("error") if isinstance(failure, dict) else None
+    return f"commit failed ({exc.strerror}{f': {why}' if why else ''})"
 
 
 def _daemon_log(status: dict[str, object]) -> str:
@@ -519,9 +531,7 @@ def run_umount(args: argparse.Namespace) -> int:
     try:
         commit_mount(mnt)
     except OSError as exc:
-        error_line(
-            f"commit failed ({exc.strerror}); {mnt} stays mounted, see {_daemon_log(status)}"
-        )
+        error_line(f"{_commit_failed(mnt, exc)}; {mnt} stays mounted, see {_daemon_log(status)}")
         return FAILURE
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code

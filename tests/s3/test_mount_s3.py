@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from sealfs.cli.exitcodes import FAILURE
 from sealfs.cli.mount_cmd import commit_mount
 from sealfs.volume.chunks import GAVE_UP_FRESH
 from tests.conftest import crashable_ext4
@@ -224,6 +225,12 @@ def test_status_says_that_commits_fail_while_the_store_is_unreachable(
         table = sealfs("status", str(env.mnt))
         assert table.returncode == 0, table.stderr
         assert "commits failing" in table.stdout and "unreachable" in table.stdout, table.stdout
+        # And sync and umount say why they failed, not only "Input/output error".
+        for command in ("sync", "umount"):
+            failed = sealfs(command, str(env.mnt))
+            assert failed.returncode == FAILURE, failed.stderr
+            assert "commit failed (Input/output error: " in failed.stderr, failed.stderr
+            assert "unreachable" in failed.stderr, failed.stderr
         proxy.reopen()
         os.fsync(f.fileno())
     assert env.status()["commit_failure"] is None
