@@ -66,7 +66,14 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
     except BaseException as exc:
         code, text = _stopped_by(exc, log_path)
         report(code, text)
-    report(code, "daemon exited")
+    if code == 0:
+        # Ended well without ever saying "ready" (a SIGTERM or an unmount came first):
+        # nothing is mounted. A 0 here read as "ready" to the caller, which exited 0
+        # over an empty mountpoint; and to a caller gone, it raised CallerGoneError out
+        # of this function, into the caller's own code the fork had copied.
+        report(FAILURE, f"the daemon stopped before the mount was ready; see {log_path}")
+    else:
+        report(code, "daemon exited")
     os._exit(code)
 
 

@@ -490,3 +490,66 @@ def test_a_store_error_before_the_mount_is_ready_is_reported_not_called_data_los
     log = env.log_text()
     assert "before it was ready" in log and "is lost" not in log, log
     assert not env.is_mounted()
+
+
+# The daemon is told to stop (SIGTERM: systemd stopping the unit, a start timeout)
+# after its signal handling is set up but before it reports the mount ready; with
+# KILL_CALLER, the `sealfs mount` command that waits for that report dies first.
+STOPPED_BEFORE_READY = """
+import os, signal, time
+import trio
+from sealfs.fuse import mount
+
+KILL_CALLER = {kill_caller}
+
+async def stopped_before_ready(mountpoint, on_ready):
+    if KILL_CALLER:
+        caller = os.getppid()
+        os.kill(caller, signal.SIGKILL)
+        while os.getppid() == caller:
+            time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await trio.sleep_forever()
+
+mount._ready_when_serving = stopped_before_ready
+"""
+
+
+def test_a_daemon_stopped_before_the_mount_was_ready_is_no_success(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a daemon stopped (SIGTERM) before it reported the mount ready ended
+    well, with 0, which the pipe carried as "ready": `sealfs mount` exited 0 (and told
+    systemd READY=1) over an empty mountpoint."""
+    env = volume_env
+    stopped = STOPPED_BEFORE_READY.format(kill_caller=False)
+    result = mount_with_a_bug(env, tmp_path, stopped, check=False)
+    assert result.returncode == FAILURE, result.stderr
+    assert "the daemon stopped before the mount was ready" in result.stderr, result.stderr
+    assert str(env.log) in result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+
+
+def test_a_daemon_stopped_before_ready_whose_caller_died_stays_in_the_daemon(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: as above with the caller gone, the final "daemon exited" report (a 0)
+    met the broken pipe and raised CallerGoneError out of daemonize, past its os._exit:
+    the forked daemon ran on through `sealfs mount`'s own code, its main printing an
+    unlogged "sealfs: ... ended ...; unmounting" into the log of a mount long gone."""
+    env = volume_env
+    stopped = STOPPED_BEFORE_READY.format(kill_caller=True)
+    result = mount_with_a_bug(env, tmp_path, stopped, check=False)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+    log = env.log_text()
+    assert f"unmounted {env.mnt}" in log, log
+    assert "\nsealfs: " not in f"\n{log}" and "CallerGoneError" not in log, log
