@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import subprocess
+import sys
 import threading
 import tracemalloc
 from contextlib import redirect_stderr, redirect_stdout
@@ -47,12 +48,17 @@ USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
 def cli(*args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI in this process (a subprocess costs seconds of imports on a busy machine).
 
-    The environment changes apply to this call only; so do the CLI's logging handlers.
+    The environment changes apply to this call only; so do the CLI's logging handlers,
+    and the hooks its logging set-up puts in place of Python's: left installed, they
+    replaced pytest's own, which then saw no thread's or finalizer's exception in any
+    later test of the session.
     """
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threading, "excepthook", threading.excepthook)
+        mp.setattr(sys, "unraisablehook", sys.unraisablehook)
         for name, value in (env or {}).items():
             if value is None:
                 mp.delenv(name, raising=False)
@@ -97,6 +103,15 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> VolumeEnv:
 
 def write(path: Path, text: str) -> Path:
     return write_secret(path, text + "\n")
+
+
+def test_the_cli_run_in_this_process_leaves_pytest_its_hooks(tmp_path: Path) -> None:
+    """Regression: a command run by cli() kept its logging's hooks installed for the rest
+    of the session, where pytest's reported a thread's or a finalizer's exception. (No
+    volume fixture: making one runs cli() before the hooks are looked at.)"""
+    hooks = threading.excepthook, sys.unraisablehook
+    assert cli("key", "list", str(tmp_path / "nowhere")).returncode == USAGE
+    assert (threading.excepthook, sys.unraisablehook) == hooks
 
 
 def test_list_shows_public_params_only(env: VolumeEnv) -> None:
