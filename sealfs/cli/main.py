@@ -110,7 +110,7 @@ def run(argv: list[str]) -> int:
     return code
 
 
-def report_bug(exc: Exception) -> int:
+def report_bug(exc: BaseException) -> int:
     """One line for an exception no code path expected, instead of a traceback.
 
     Every error sealfs means to raise is a SealfsError (or an OSError) with its
@@ -169,12 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             error_line("interrupted")
             return INTERRUPTED
         leaf = first_leaf(rest)
-        if not isinstance(leaf, Exception):
-            raise  # SystemExit's to end the process with
+        if isinstance(leaf, SystemExit):
+            # The exit it asks for: the group raised again ended in Python's traceback of
+            # every member, a bug's message included, and exit code 1.
+            raise leaf from None
         return report_error(leaf)
 
 
-def report_error(exc: Exception) -> int:
+def report_error(exc: BaseException) -> int:
     """One line for exc on stderr; its exit code."""
     if isinstance(exc, SealfsError):
         error_line(str(exc))

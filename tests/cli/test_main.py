@@ -187,6 +187,21 @@ def test_ctrl_c_beside_a_bug_in_trio_reports_the_bug_on_one_line(
     assert "\n" not in err.strip() and "secret-plan" not in err, err
 
 
+def test_an_exit_inside_trio_beside_a_bug_ends_with_its_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a group of SystemExit and a bug was raised again as a group, which
+    is no SystemExit: Python printed every member's traceback, the bug's message
+    included, and exited 1 instead of the code the exit asked for."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    group = BaseExceptionGroup("nursery", [SystemExit(3), KeyError("secret-plan.txt")])
+    monkeypatch.setattr(main_module, "setup_logging", _raise(group))
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "store"])
+    assert exited.value.code == 3
+    assert "secret-plan" not in capsys.readouterr().err
+
+
 def test_ctrl_c_inside_trio_alone_is_an_interruption(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
