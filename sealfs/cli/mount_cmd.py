@@ -202,6 +202,13 @@ def _serve(
         report(exit_code(exc), str(exc))
         abandon()
         return exit_code(exc)
+    except BaseException:
+        # A bug (or an OSError) before anyone was told of the mount: ending without
+        # abandon left it dead (ENOTCONN) until the next mount or umount. serve()
+        # unmounts for an error met before it reports ready; so does this. The
+        # caller (daemonize, or main in the foreground) reports it.
+        abandon()
+        raise
     log.info(
         "serving %s on %s (generation %d)",
         loaded.store.describe(),

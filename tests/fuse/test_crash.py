@@ -553,3 +553,37 @@ def test_a_daemon_stopped_before_ready_whose_caller_died_stays_in_the_daemon(
     log = env.log_text()
     assert f"unmounted {env.mnt}" in log, log
     assert "\nsealfs: " not in f"\n{log}" and "CallerGoneError" not in log, log
+
+
+# A bug met while the daemon claims the volume as its writer, after the kernel mount
+# exists and before serve() starts.
+BUGGY_CLAIM = """
+from sealfs.cli import mount_cmd
+
+NAME = "secret-plan.txt"  # not on the line a traceback shows
+
+def buggy(loaded):
+    raise RuntimeError(f"no inode for {NAME}")
+
+mount_cmd.claim_writer = buggy
+"""
+
+
+def test_a_bug_claiming_the_writer_leaves_no_dead_mount(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a bug met while the daemon claimed the writer, before it served, was
+    reported (exit 70) but left the kernel mount dead: ENOTCONN at the mountpoint, of a
+    mount nobody had been told of, until the next mount or umount removed it."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, BUGGY_CLAIM, check=False)
+    assert result.returncode == BUG, result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+    log = env.log_text()
+    assert "RuntimeError (message withheld" in log and "secret-plan" not in log, log
+    env.mount()  # nothing left to clear first
+    env.umount()
