@@ -28,8 +28,15 @@ class CallerGoneError(SealfsError):
     """Nobody heard that the mount was ready: it is undone, as if it had failed."""
 
 
-def daemonize(child: Callable[[Report], int], log_path: str) -> int:
-    """Run child(report) in a detached process; return the exit code the parent should use."""
+def daemonize(
+    child: Callable[[Report], int], log_path: str, undo: Callable[[], None] = lambda: None
+) -> int:
+    """Run child(report) in a detached process; return the exit code the parent should use.
+
+    undo runs in the detached process if it cannot start child (its log file does not
+    open): what the caller prepared for child (the kernel mount) must not be left to
+    nobody, a dead mount.
+    """
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
@@ -62,6 +69,19 @@ def daemonize(child: Callable[[Report], int], log_path: str) -> int:
     try:
         _redirect_stdio(log_path)
         _close_inherited_fds(keep=write_end)
+    except BaseException as exc:
+        # Not logged: logging would still go to the caller's stderr, where the line came
+        # twice (a bug's traceback too), above one sending the reader to an empty log.
+        with contextlib.suppress(Exception):
+            undo()
+        if isinstance(exc, OSError):
+            code, text = FAILURE, f"daemon failed: {describe_os_error(exc)}"
+        else:
+            code = BUG
+            text = f"the daemon met an unexpected {type(exc).__name__}; this is a bug in sealfs"
+        report(code, text)
+        os._exit(code)
+    try:
         code = child(report)
     except BaseException as exc:
         code, text = _stopped_by(exc, log_path)

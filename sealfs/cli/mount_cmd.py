@@ -149,6 +149,7 @@ def run_mount(args: argparse.Namespace) -> int:
             loaded, volume, seen, mountpoint, report, log_path, verbose=args.verbose
         ),
         log_path,
+        abandon,
     )
 
 

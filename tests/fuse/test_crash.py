@@ -587,3 +587,34 @@ def test_a_bug_claiming_the_writer_leaves_no_dead_mount(
     assert "RuntimeError (message withheld" in log and "secret-plan" not in log, log
     env.mount()  # nothing left to clear first
     env.umount()
+
+
+# The daemon's log file does not open in the daemon (it did in `sealfs mount`, which
+# checked it): removed and its directory made read-only meanwhile, say.
+LOG_DOES_NOT_OPEN = """
+from sealfs.cli import daemon
+
+def failing(log_path):
+    raise PermissionError(13, "Permission denied", log_path)
+
+daemon._redirect_stdio = failing
+"""
+
+
+def test_a_daemon_whose_log_does_not_open_says_so_once_and_unmounts(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a daemon whose log file did not open logged its error where its
+    logging still went, the caller's stderr, above the same error as the caller's
+    line; and it ended leaving the kernel mount dead (ENOTCONN), nobody told of it."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, LOG_DOES_NOT_OPEN, check=False)
+    assert result.returncode == FAILURE, result.stderr
+    assert result.stderr == f"sealfs: daemon failed: Permission denied: {env.log}\n"
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+    env.mount()  # nothing left to clear first
+    env.umount()
