@@ -200,6 +200,9 @@ def _serve(
         if not volume.read_only:
             claim_writer(loaded)  # by the process that writes, so its pid is the one recorded
     except SealfsError as exc:
+        # Logged too, as serve()'s errors before ready are: a caller gone (killed while
+        # it waited) hears nothing, and the daemon's log was left empty.
+        log.error("the mount of %s failed before it was ready: %s", mountpoint, exc)
         report(exit_code(exc), str(exc))
         abandon()
         return exit_code(exc)

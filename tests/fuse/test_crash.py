@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sealfs.cli.exitcodes import BUG, FAILURE
+from sealfs.cli.exitcodes import BUG, BUSY, FAILURE
 from sealfs.keys.slots import Passphrase
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
@@ -618,3 +618,34 @@ def test_a_daemon_whose_log_does_not_open_says_so_once_and_unmounts(
     assert not env.is_mounted()
     env.mount()  # nothing left to clear first
     env.umount()
+
+
+# Another writer wins the volume while this daemon claims it.
+CLAIM_CONFLICT = """
+from sealfs.cli import mount_cmd
+from sealfs.errors import WriterConflictError
+
+def conflict(loaded):
+    raise WriterConflictError("another writer committed to the volume: try again")
+
+mount_cmd.claim_writer = conflict
+"""
+
+
+def test_a_daemon_that_cannot_claim_the_writer_says_so_in_its_log(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: an error claiming the writer went to the caller alone, and its log
+    said nothing: a caller gone meanwhile (report() ignores the broken pipe of an error
+    for the log to hold it) left no word anywhere of why the mount never came."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, CLAIM_CONFLICT, check=False)
+    assert result.returncode == BUSY, result.stderr
+    assert "another writer committed to the volume" in result.stderr, result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+    log = env.log_text()
+    assert "failed before it was ready: another writer committed to the volume" in log, log
