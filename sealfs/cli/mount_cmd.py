@@ -36,6 +36,7 @@ from sealfs.fuse.mount import (
     StoppedByBug,
     abandon,
     fusermount,
+    hold_ending_signals,
     is_mounted,
     prepare,
     sealfs_mount_owner,
@@ -196,6 +197,7 @@ def _serve(
     report: Report,
     on_hangup: Callable[[], None],
 ) -> int:
+    hold_ending_signals()
     try:
         if not volume.read_only:
             claim_writer(loaded)  # by the process that writes, so its pid is the one recorded

@@ -72,6 +72,27 @@ def prepare(
         raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
 
 
+_held: list[int] = []  # ending signals met before serve() could handle them
+
+
+def _hold(signum: int, frame: object) -> None:
+    _held.append(signum)
+
+
+def hold_ending_signals() -> None:
+    """Hold SIGTERM, SIGINT and SIGQUIT until serve() handles them (a final commit, then
+    an unmount); called before the work done between prepare() and serve().
+
+    Claiming the writer commits to the store, seconds on S3, and a signal's default
+    action there (`systemctl stop` during a slow start) killed the process at once:
+    a dead mount nobody had used, and an empty log. One held is sent again once
+    serve() listens, which then stops before the mount is ready; one met after
+    serve() returned is dropped, its work done already.
+    """
+    for signum in _ENDING:
+        signal.signal(signum, _hold)
+
+
 def abandon() -> None:
     """Undo prepare() when the volume cannot be served after all."""
     pyfuse3.close(unmount=True)
@@ -147,6 +168,8 @@ async def _main(
     # timeout(1) forwarding it) the default action, which killed the daemon in the
     # middle of its final commit and lost what that commit carried.
     with trio.open_signal_receiver(*_ENDING, signal.SIGHUP, *_IGNORED) as signals:
+        while _held:  # sent again, to the receiver now (see hold_ending_signals)
+            signal.raise_signal(_held.pop(0))
         async with trio.open_nursery() as watching:
             watching.start_soon(_watch_signals, signals, on_hangup)
             async with volume.running(), trio.open_nursery() as nursery:
@@ -405,7 +428,9 @@ async def _ready_when_serving(mountpoint: str, on_ready: Callable[[], None]) -> 
     (answered by this loop) returns, a value written sticks.
     """
     try:
-        st = await trio.to_thread.run_sync(os.stat, mountpoint)
+        # Abandoned if cancelled: a stop before the loop answered FUSE_INIT (SIGTERM at
+        # start-up) left this stat waiting on the loop, and the loop, ended, on it.
+        st = await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
     except OSError as exc:
         log.warning("mount %s does not answer: %s", mountpoint, exc)
     else:

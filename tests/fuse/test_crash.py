@@ -649,3 +649,41 @@ def test_a_daemon_that_cannot_claim_the_writer_says_so_in_its_log(
     assert not env.is_mounted()
     log = env.log_text()
     assert "failed before it was ready: another writer committed to the volume" in log, log
+
+
+# SIGTERM (systemd stopping the unit, or its start timing out) while the daemon claims
+# the volume as its writer: after the kernel mount exists, before serve() runs.
+TERMINATED_WHILE_CLAIMING = """
+import os, signal
+from sealfs.cli import mount_cmd
+
+claim = mount_cmd.claim_writer
+
+def claim_terminated(loaded):
+    os.kill(os.getpid(), signal.SIGTERM)
+    claim(loaded)
+
+mount_cmd.claim_writer = claim_terminated
+"""
+
+
+def test_a_daemon_terminated_while_claiming_the_writer_leaves_no_dead_mount(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: SIGTERM before serve() handled it took its default action: the daemon
+    died at once, mid-claim, leaving the kernel mount dead (ENOTCONN) and its log empty,
+    and `sealfs mount` sent the user to that log. The signal waits for serve(), which
+    commits and unmounts: nothing is left mounted, and the log says what stopped it."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, TERMINATED_WHILE_CLAIMING, check=False)
+    assert result.returncode == FAILURE, result.stderr
+    assert "the daemon stopped before the mount was ready" in result.stderr, result.stderr
+    deadline = time.monotonic() + 30
+    while env.daemon_pids():
+        assert time.monotonic() < deadline, "the daemon never stopped"
+        time.sleep(0.05)
+    assert not env.is_mounted()
+    log = env.log_text()
+    assert "received SIGTERM: committing and unmounting" in log, log
+    env.mount()  # nothing left to clear first
+    env.umount()
