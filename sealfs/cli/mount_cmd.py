@@ -202,12 +202,8 @@ def _serve(
         if not volume.read_only:
             claim_writer(loaded)  # by the process that writes, so its pid is the one recorded
     except SealfsError as exc:
-        # Logged too, as serve()'s errors before ready are: a caller gone (killed while
-        # it waited) hears nothing, and the daemon's log was left empty.
-        log.error("the mount of %s failed before it was ready: %s", mountpoint, exc)
-        report(exit_code(exc), str(exc))
         abandon()
-        return exit_code(exc)
+        return _failed_before_ready(mountpoint, exc, report)
     except BaseException:
         # A bug (or an OSError) before anyone was told of the mount: ending without
         # abandon left it dead (ENOTCONN) until the next mount or umount. serve()
@@ -232,12 +228,8 @@ def _serve(
         with kept_current(seen, lambda: volume.commits.generation):
             serve(volume, mountpoint, report_ready, on_hangup)
     except SealfsError as exc:
-        if not ready:
-            # Nobody was told of the mount, so nobody wrote to it: the caller waits for
-            # this line, which said only "daemon exited" when it came as the exit code.
-            log.error("the mount of %s failed before it was ready: %s", mountpoint, exc)
-            report(exit_code(exc), str(exc))
-            return exit_code(exc)
+        if not ready:  # nobody was told of the mount, so nobody wrote to it
+            return _failed_before_ready(mountpoint, exc, report)
         # Unmounted (SIGTERM, SIGINT, a plain fusermount3 -u) but the final commit failed:
         # the mount is gone, and with it whatever that commit would have carried.
         log.error(
@@ -270,6 +262,15 @@ def _serve(
         )
         return BUG
     return 0
+
+
+def _failed_before_ready(mountpoint: str, exc: SealfsError, report: Report) -> int:
+    """Report exc to the caller waiting for "ready", and log it: the caller heard only
+    "daemon exited" when it came as an exit code, and one gone (killed while it
+    waited) hears nothing, so the log must say it."""
+    log.error("the mount of %s failed before it was ready: %s", mountpoint, exc)
+    report(exit_code(exc), str(exc))
+    return exit_code(exc)
 
 
 def _last_commit(volume: Volume) -> str:
