@@ -213,6 +213,14 @@ class VolumeEnv:
         """Pids of the mount daemons serving this volume."""
         return daemon_pids(self.store)
 
+    def wait_for_daemon_exit(self, seconds: float = 30) -> None:
+        """Wait until no daemon serves this volume; fail the test if one is still there
+        after seconds (a daemon that should stop on its own)."""
+        deadline = time.monotonic() + seconds
+        while self.daemon_pids():
+            assert time.monotonic() < deadline, "the daemon never stopped"
+            time.sleep(0.02)
+
     def kill(self) -> None:
         """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
         for pid in self.daemon_pids():

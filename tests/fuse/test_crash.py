@@ -331,10 +331,7 @@ def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
     env = volume_env
     mount_with_a_bug(env, tmp_path, BUGGY_COMMITS)
     (env.mnt / "secret-plan.txt").write_text("step 1")  # the next commit meets the bug
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert env.is_mounted()
     with pytest.raises(OSError) as caught:
         (env.mnt / "secret-plan.txt").write_text("step 2")
@@ -416,10 +413,7 @@ def test_a_mount_whose_caller_died_before_it_was_ready_is_not_left_dead(
     env = volume_env
     result = mount_with_a_bug(env, tmp_path, CALLER_DIES, check=False)
     assert result.returncode == -signal.SIGKILL, result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     log = env.log_text()
     assert not env.is_mounted(), log
     assert "a bug in sealfs" not in log, log
@@ -527,10 +521,7 @@ def test_a_daemon_stopped_before_the_mount_was_ready_is_no_success(
     assert result.returncode == FAILURE, result.stderr
     assert "the daemon stopped before the mount was ready" in result.stderr, result.stderr
     assert str(env.log) in result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
 
 
@@ -545,10 +536,7 @@ def test_a_daemon_stopped_before_ready_whose_caller_died_stays_in_the_daemon(
     stopped = STOPPED_BEFORE_READY.format(kill_caller=True)
     result = mount_with_a_bug(env, tmp_path, stopped, check=False)
     assert result.returncode == -signal.SIGKILL, result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
     log = env.log_text()
     assert f"unmounted {env.mnt}" in log, log
@@ -578,10 +566,7 @@ def test_a_bug_claiming_the_writer_leaves_no_dead_mount(
     env = volume_env
     result = mount_with_a_bug(env, tmp_path, BUGGY_CLAIM, check=False)
     assert result.returncode == BUG, result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
     log = env.log_text()
     assert "RuntimeError (message withheld" in log and "secret-plan" not in log, log
@@ -611,10 +596,7 @@ def test_a_daemon_whose_log_does_not_open_says_so_once_and_unmounts(
     result = mount_with_a_bug(env, tmp_path, LOG_DOES_NOT_OPEN, check=False)
     assert result.returncode == FAILURE, result.stderr
     assert result.stderr == f"sealfs: daemon failed: Permission denied: {env.log}\n"
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
     env.mount()  # nothing left to clear first
     env.umount()
@@ -642,10 +624,7 @@ def test_a_daemon_that_cannot_claim_the_writer_says_so_in_its_log(
     result = mount_with_a_bug(env, tmp_path, CLAIM_CONFLICT, check=False)
     assert result.returncode == BUSY, result.stderr
     assert "another writer committed to the volume" in result.stderr, result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
     log = env.log_text()
     assert "failed before it was ready: another writer committed to the volume" in log, log
@@ -678,10 +657,7 @@ def test_a_daemon_terminated_while_claiming_the_writer_leaves_no_dead_mount(
     result = mount_with_a_bug(env, tmp_path, TERMINATED_WHILE_CLAIMING, check=False)
     assert result.returncode == FAILURE, result.stderr
     assert "the daemon stopped before the mount was ready" in result.stderr, result.stderr
-    deadline = time.monotonic() + 30
-    while env.daemon_pids():
-        assert time.monotonic() < deadline, "the daemon never stopped"
-        time.sleep(0.05)
+    env.wait_for_daemon_exit()
     assert not env.is_mounted()
     log = env.log_text()
     assert "received SIGTERM: committing and unmounting" in log, log
