@@ -24,7 +24,7 @@ from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
-from sealfs.cli.units import seconds
+from sealfs.cli.units import format_time, seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
     add_cache_options,
@@ -275,10 +275,7 @@ def _failed_before_ready(mountpoint: str, exc: SealfsError, report: Report) -> i
 
 def _last_commit(volume: Volume) -> str:
     """The last commit, as the lines naming what a failed stop lost give it."""
-    committed = time.localtime(volume.commits.last_commit_ns / 1e9)
-    return (
-        f"generation {volume.commits.generation}, {time.strftime('%Y-%m-%d %H:%M:%S', committed)}"
-    )
+    return f"generation {volume.commits.generation}, {format_time(volume.commits.last_commit_ns)}"
 
 
 def _check_paths(store: str, mountpoint: str, cache_dir: str | None) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sealfs.cli.paths import make_state_dirs, state_dir
+from sealfs.cli.units import format_time
 from sealfs.errors import ConfigError, RolledBackError
 from sealfs.store.base import (
     ObjectStore,
@@ -110,7 +111,7 @@ class SeenVolume:
         raise RolledBackError(
             f"the {self.location} holds generation {generation} of volume"
             f" {self.volume_id.hex()}, but this host saw generation {newest} there"
-            f" ({_when(at_ns)}):"
+            f" ({format_time(at_ns)}):"
             f" the store was rolled back or restored from an older copy, and what was"
             f" committed after generation {generation} is not in it. If you restored it on"
             f" purpose, mount once with --accept-rollback"
@@ -134,7 +135,7 @@ class SeenVolume:
             " generation %d: this store is a separate copy, behind it; what is written"
             " here does not reach that one. If the volume moved there, unmount this"
             " one and retire this copy (README, \"Moving a volume to another store\")",
-            newer, self.volume_id.hex(), location, _when(at_ns), self.location, generation,
+            newer, self.volume_id.hex(), location, format_time(at_ns), self.location, generation,
         )  # fmt: skip
 
     def _elsewhere(self) -> Iterator[tuple[int, int, str]]:
@@ -286,14 +287,6 @@ def _parse_record(raw: bytes) -> tuple[int, int, dict[str, object]] | None:
     if type(generation) is int and type(at_ns) is int and generation > 0:
         return generation, at_ns, record
     return None
-
-
-def _when(at_ns: int) -> str:
-    """A record's time as a person reads it."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
-    except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
-        return "at an unknown time"
 
 
 def _is_token(text: str) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from typing import Any
 
@@ -13,7 +12,7 @@ from rich.table import Table
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
 from sealfs.cli.paths import user_path
-from sealfs.cli.units import format_size
+from sealfs.cli.units import format_size, format_time
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
@@ -98,9 +97,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     logical, unique, stored = s["logical_bytes"], s["unique_bytes"], s["stored_bytes"]
     # A daemon started before an upgrade sends no data_bytes: its ratio counts holes.
     data = s.get("data_bytes", logical)
-    when = datetime.datetime.fromtimestamp(s["last_commit_ns"] / 1e9).isoformat(
-        sep=" ", timespec="seconds"
-    )
+    when = format_time(s["last_commit_ns"])
     rows = [
         ("store", s["store"]),
         ("volume id", s["volume_id"]),
@@ -162,9 +159,7 @@ def _failing(s: dict[str, Any]) -> list[tuple[str, str]]:
     failure = s.get("commit_failure")
     if not failure:
         return []
-    since = datetime.datetime.fromtimestamp(failure["since_ns"] / 1e9).isoformat(
-        sep=" ", timespec="seconds"
-    )
+    since = format_time(failure["since_ns"])
     attempts = failure["attempts"]
     return [
         (

@@ -1,9 +1,10 @@
-"""Parsing sizes and durations given on the command line."""
+"""Sizes, durations and times: parsed as the command line takes them, shown as it shows them."""
 
 from __future__ import annotations
 
 import math
 import re
+import time
 
 from sealfs.errors import ConfigError
 
@@ -36,3 +37,11 @@ def seconds(value: float, option: str, *, zero: bool = False) -> float:
         limit = "non-negative" if zero else "positive"
         raise ConfigError(f"{option} must be a {limit} number of seconds, not {value}")
     return value
+
+
+def format_time(at_ns: int) -> str:
+    """A time in nanoseconds since the epoch, local, as every line and table shows one."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at_ns / 1e9))
+    except (OverflowError, OSError, ValueError):  # a time no clock shows: an edited record
+        return "at an unknown time"
