@@ -12,6 +12,8 @@ from types import TracebackType
 from sealfs.cli.stdio import one_line
 
 DEBUG_ENV = "SEALFS_DEBUG"  # =1: a bug's traceback in full, its messages included
+# What stands for a bug's message, in the log and in a command's report of the bug.
+WITHHELD = "(message withheld: it may quote names or data)"
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 
@@ -76,7 +78,7 @@ def _withheld_traceback(
         lines.append(f"{indent}Traceback (most recent call last):")
         for frame in traceback.format_tb(link.__traceback__):
             lines.extend(indent + line for line in frame.rstrip("\n").split("\n"))
-        lines.append(f"{indent}{_type_name(link)} (message withheld: it may quote names or data)")
+        lines.append(f"{indent}{_type_name(link)} {WITHHELD}")
         if isinstance(link, BaseExceptionGroup):
             lines.extend(_group_members(link, indent, shown, depth))
     return lines

@@ -15,7 +15,7 @@ from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.coredumps import forbid_core_dumps
 from sealfs.cli.exitcodes import BUG, FAILURE, INTERRUPTED, USAGE, exit_code
-from sealfs.cli.logs import DEBUG_ENV, setup_logging
+from sealfs.cli.logs import DEBUG_ENV, WITHHELD, setup_logging
 from sealfs.cli.oserrors import describe_os_error
 from sealfs.cli.stdio import discard_stdout, error_line, standard_streams, stdout_writable
 from sealfs.errors import SealfsError, first_leaf
@@ -119,7 +119,7 @@ def report_bug(exc: BaseException) -> int:
     unit's journal, a file), and the message may quote a name (README, threat model).
     """
     if not (_on_terminal(sys.stderr) or os.environ.get(DEBUG_ENV) == "1"):
-        message = "(message withheld: it may quote names or data)"
+        message = WITHHELD
     else:
         try:
             message = str(exc)
