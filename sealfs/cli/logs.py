@@ -150,7 +150,7 @@ def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
         "thread %s stopped by an unexpected %s, a bug in sealfs (please report it)",
         thread,
         _qualified(args.exc_type),
-        exc_info=_exc_info(args.exc_type, args.exc_value, args.exc_traceback),
+        exc_info=args.exc_value,  # its traceback is the exception's own
     )
 
 
@@ -163,12 +163,5 @@ def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
         unraisable.err_msg or "exception ignored",
         where,
         _qualified(unraisable.exc_type),
-        exc_info=_exc_info(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback),
+        exc_info=unraisable.exc_value,
     )
-
-
-def _exc_info(
-    kind: type[BaseException], value: BaseException | None, tb: TracebackType | None
-) -> ExcInfo | None:
-    """exc_info for a log record, None when there is no exception object to show."""
-    return None if value is None else (kind, value, tb)
