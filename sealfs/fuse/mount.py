@@ -115,12 +115,12 @@ def serve(
 
     Stopped, once on_ready returned, by anything but a SealfsError or an interrupt (a
     bug), it leaves the mount dead, as a crash does: every access then fails with
-    ENOTCONN. Unmounted, the path led
-    to the empty directory under it, and an agent that went on writing its
-    checkpoints there wrote them in plaintext to local disk, with nothing to say
-    that the volume was gone. `sealfs umount`, or the next `sealfs mount`,
-    removes the dead mount. Raises StoppedByBug from that error then; an error
-    before on_ready returned (nobody used the mount) unmounts and is raised as it is.
+    ENOTCONN. Unmounted, the path led to the empty directory under it, and an agent
+    that went on writing its checkpoints there wrote them in plaintext to local disk,
+    with nothing to say that the volume was gone. `sealfs umount`, or the next
+    `sealfs mount`, removes the dead mount. Raises StoppedByBug from that error then;
+    an error before on_ready returned (nobody used the mount) unmounts and is raised
+    as it is.
     """
     _tune_malloc()
     served = False
