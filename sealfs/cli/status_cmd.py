@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +22,8 @@ from sealfs.store.url import is_local_url, local_path
 from sealfs.volume.engine import Volume
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
+
+COMMIT_NEWS_AFTER = 1.0  # seconds; a commit quicker than this is routine, not news
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -105,6 +108,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         *_seen(s),
         ("last commit", when),
         ("pending", _pending(s)),
+        *_running(s),
         *_failing(s),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
         ("logical size", f"{format_size(logical)} ({format_size(data)} outside holes)"),
@@ -166,6 +170,25 @@ def _failing(s: dict[str, Any]) -> list[tuple[str, str]]:
             "commits failing",
             f"since {since} ({attempts} attempt{'s' if attempts != 1 else ''}; nothing"
             f" written is dropped, retried until the store takes it): {failure['error']}",
+        )
+    ]
+
+
+def _running(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """A commit running for more than COMMIT_NEWS_AFTER: during an outage the first
+    commit waits the whole --store-timeout before it fails, and status looked like an
+    idle mount's until then (a daemon older than the field sends none)."""
+    since = s.get("commit_running_since_ns")
+    if since is None:
+        return []
+    running = (time.time_ns() - since) / 1e9
+    if running < COMMIT_NEWS_AFTER:
+        return []
+    return [
+        (
+            "commit running",
+            f"for {running:.0f} s, since {format_time(since)}; fsync, sync and umount wait"
+            " for it (one that cannot reach the store gives up after --store-timeout)",
         )
     ]
 

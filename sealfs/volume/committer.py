@@ -161,6 +161,9 @@ class Committer:
         # Since when commits fail, why the last one did, how many did: for status, which
         # otherwise showed a store outage as an idle mount (the log alone said why).
         self.failing: CommitFailure | None = None
+        # When the commit in flight began (wall clock), None between commits: an outage
+        # showed nothing in status until the first commit gave up, a store timeout later.
+        self.running_since_ns: int | None = None
         self.stopped: WriterStoppedError | None = None  # fenced, or its store lost writes
         # A segment create that may have landed: (segment, sealed, digest).
         self._unsure: tuple[Segment, bytes, bytes] | None = None
@@ -262,6 +265,7 @@ class Committer:
             if self.stopped is not None:
                 raise self.stopped
             self._started += 1
+            self.running_since_ns = time.time_ns()
             try:
                 await self._commit(extra or [])
                 self._failure = None
@@ -277,6 +281,7 @@ class Committer:
                     )
                 raise
             finally:
+                self.running_since_ns = None
                 # One that failed before its cut has none left to take: counted as taken,
                 # else the next commit, between taking the lock and counting itself, looked
                 # like one yet to take its cut, this one (see sync).

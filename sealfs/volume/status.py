@@ -65,6 +65,7 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "stopped": None if commits.stopped is None else str(commits.stopped),
         # The commits failing since the last that succeeded (a store unreachable or full).
         "commit_failure": None if commits.failing is None else asdict(commits.failing),
+        "commit_running_since_ns": commits.running_since_ns,
         "commit_interval": volume.options.commit_interval,
         "key_epoch": volume.loaded.keys.epoch,
         "rekey": None if volume.rekey is None else volume.rekey.progress.as_dict(),

@@ -238,6 +238,49 @@ def test_status_says_that_commits_fail_while_the_store_is_unreachable(
     env.umount()
 
 
+def test_status_shows_a_commit_that_waits_for_an_unreachable_store(
+    s3_env: S3VolumeEnv, proxy: FaultProxy
+) -> None:
+    """An operator runs `sealfs status` in the first minutes of an outage. Regression:
+    until the first commit gave up, a whole --store-timeout (5 minutes by default),
+    status showed an idle mount, while every fsync hung."""
+    env = s3_env
+    env.mount("--store-timeout", "120")
+    proxy.close()
+    (env.mnt / "during.bin").write_bytes(b"d" * 5000)
+    outcome: list[object] = []
+
+    def fsync() -> None:
+        try:
+            commit_mount(str(env.mnt))
+            outcome.append("committed")
+        except OSError as exc:
+            outcome.append(exc)
+
+    syncer = threading.Thread(target=fsync)
+    syncer.start()
+    try:
+        deadline = time.monotonic() + 60
+        table = ""
+        while "commit running" not in table and time.monotonic() < deadline:
+            time.sleep(0.2)
+            shown = sealfs("status", str(env.mnt))
+            assert shown.returncode == 0, shown.stderr
+            table = shown.stdout
+        assert "commit running" in table and "--store-timeout" in table, table
+        status = env.status()
+        assert status["commit_running_since_ns"] is not None
+        assert status["commit_failure"] is None  # nothing has given up yet
+        assert syncer.is_alive() and not outcome
+    finally:
+        proxy.reopen()  # else the fsync, and the unmount, wait the whole store timeout
+        syncer.join(60)
+    assert outcome == ["committed"]
+    assert env.status()["commit_running_since_ns"] is None
+    assert "commit running" not in sealfs("status", str(env.mnt)).stdout
+    env.umount()
+
+
 def test_a_cold_read_during_an_outage_waits_for_one_give_up_per_chunk(
     s3_env: S3VolumeEnv, proxy: FaultProxy
 ) -> None:
