@@ -62,7 +62,7 @@ def daemonize(
                     "the 'sealfs mount' command that started this daemon ended (killed or"
                     " interrupted) before it heard that the mount was ready; unmounting"
                 ) from None
-            # An error nobody hears any more: it is in the log (see _stopped_by).
+            # An error nobody hears any more: it is in the log (see stopped_by).
         finally:
             os.close(write_end)
 
@@ -84,7 +84,7 @@ def daemonize(
     try:
         code = child(report)
     except BaseException as exc:
-        code, text = _stopped_by(exc, log_path)
+        code, text = stopped_by(exc, log_path)
         report(code, text)
     if code == 0:
         # Ended well without ever saying "ready" (a SIGTERM or an unmount came first):
@@ -97,9 +97,10 @@ def daemonize(
     os._exit(code)
 
 
-def _stopped_by(exc: BaseException, log_path: str) -> tuple[int, str]:
-    """The exit code and the caller's line for what ended the daemon's child: logged
-    too, as the caller's line is lost once the mount was reported ready.
+def stopped_by(exc: BaseException, log_path: str) -> tuple[int, str]:
+    """The exit code and the caller's line for what ended the daemon's child (or a
+    foreground mount, whose log is stderr): logged too, as the caller's line is lost
+    once the mount was reported ready.
 
     A bug's message is never quoted (it may name a file; README, threat model):
     it was "daemon failed: " and the message, with a failure's exit code. trio

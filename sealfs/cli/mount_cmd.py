@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.daemon import Report, daemonize, reopen_log
+from sealfs.cli.daemon import Report, daemonize, reopen_log, stopped_by
 from sealfs.cli.exitcodes import BUG, BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
@@ -144,7 +144,12 @@ def run_mount(args: argparse.Namespace) -> int:
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
     if args.foreground:
-        return _serve(loaded, volume, seen, mountpoint, _report_to_systemd, _log_on_stderr)
+        try:
+            return _serve(loaded, volume, seen, mountpoint, _report_to_systemd, _log_on_stderr)
+        except Exception as exc:
+            # Logged as a daemon's child logs it: main saw trio's wrapper, and said
+            # "unexpected ExceptionGroup", with no traceback in the journal.
+            return stopped_by(exc, "stderr")[0]
     return daemonize(
         lambda report: _serve_daemon(
             loaded, volume, seen, mountpoint, report, log_path, verbose=args.verbose

@@ -29,7 +29,7 @@ from sealfs.keys.slots import Passphrase
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.local import LocalStore
 from sealfs.volume.loader import open_volume
-from tests.mounts import PASSPHRASE, VolumeEnv
+from tests.mounts import PASSPHRASE, VolumeEnv, sealfs
 from tests.prereq import require
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
@@ -308,17 +308,21 @@ committer.Committer._write_segment = buggy
 
 
 def mount_with_a_bug(
-    env: VolumeEnv, tmp_path: Path, bug: str, *, check: bool = True
+    env: VolumeEnv, tmp_path: Path, bug: str, *, check: bool = True, foreground: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Mount env with the code `bug` run at the daemon's start-up: a sitecustomize module
     on its PYTHONPATH (this mount command's and its daemon's alone), so the real daemon
-    meets the bug, on a real mount."""
+    meets the bug, on a real mount. In the foreground the command returns once the
+    daemon ends, its log on stderr."""
     inject = tmp_path / "inject"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(bug)
     repo = Path(__file__).resolve().parents[2]
     python_path = os.pathsep.join([str(inject), str(repo), os.environ.get("PYTHONPATH", "")])
-    return env.mount(check=check, env={**os.environ, "PYTHONPATH": python_path})
+    injected = {**os.environ, "PYTHONPATH": python_path}
+    if foreground:
+        return sealfs(*env.mount_args(log=False), "--foreground", env=injected)
+    return env.mount(check=check, env=injected)
 
 
 def test_a_daemon_stopped_by_a_bug_leaves_a_dead_mount_and_says_why(
@@ -453,6 +457,24 @@ def test_a_bug_before_the_mount_is_ready_is_a_bug_s_exit_and_its_log(
     log = env.log_text()
     assert "RuntimeError (message withheld" in log, log
     assert "secret-plan" not in log
+    assert not env.is_mounted()
+    env.mount()  # nothing left to clear first
+    env.umount()
+
+
+def test_a_bug_before_the_mount_is_ready_in_the_foreground_is_logged_as_itself(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: in the foreground (a systemd unit's journal) the same bug came out as
+    "unexpected ExceptionGroup", trio's wrapper of it, with no traceback anywhere. It is
+    logged as a daemon logs it, traceback and all, its message withheld, and exits 70."""
+    env = volume_env
+    result = mount_with_a_bug(env, tmp_path, BUGGY_BEFORE_READY, foreground=True)
+    assert result.returncode == BUG, result.stderr
+    assert "a bug in sealfs" in result.stderr and "Traceback" in result.stderr, result.stderr
+    assert "RuntimeError (message withheld" in result.stderr, result.stderr
+    assert "unexpected ExceptionGroup" not in result.stderr, result.stderr
+    assert "secret-plan" not in result.stderr
     assert not env.is_mounted()
     env.mount()  # nothing left to clear first
     env.umount()
