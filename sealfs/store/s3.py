@@ -477,12 +477,7 @@ class S3Store:
                 f"{self.describe()}: fetching credentials failed: {exc}"
             ) from None
         except bex.SSLError as exc:
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-                raise StoreError(
-                    f"{self.describe()}: the endpoint's TLS certificate does not verify:"
-                    " fix the endpoint URL or set AWS_CA_BUNDLE"
-                ) from None
-            raise TransientStoreError(f"{self._what(method, name)}: {exc}") from None
+            raise self._tls_error(method, name, exc) from None
         except _TRANSPORT_ERRORS as exc:
             kind = _TimedOut if isinstance(exc, _TIMEOUT_ERRORS) else TransientStoreError
             raise kind(f"{self._what(method, name)}: {type(exc).__name__}: {exc}") from None
@@ -510,6 +505,22 @@ class S3Store:
         finally:
             quick = time.monotonic() - start < self._read_timeout / 2
             uploads.leave(timed_out, quick, level, self._top_level, start)
+
+    def _tls_error(self, method: str, name: str, exc: bex.SSLError) -> StoreError:
+        """A failed TLS handshake: a setting to fix, or a link that may do better."""
+        text = str(exc)
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return StoreError(
+                f"{self.describe()}: the endpoint's TLS certificate does not verify:"
+                " fix the endpoint URL or set AWS_CA_BUNDLE"
+            )
+        if "WRONG_VERSION_NUMBER" in text:
+            # The answer to the handshake was no TLS: it will not be next time either.
+            return StoreError(
+                f"{self.describe()}: the endpoint does not speak TLS: give it as http://,"
+                " or the port where it serves https://"
+            )
+        return TransientStoreError(f"{self._what(method, name)}: {exc}")
 
     def _what(self, method: str, name: str) -> str:
         return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"

@@ -179,6 +179,18 @@ def test_unreachable_endpoint_is_transient_then_unavailable() -> None:
         retrying.put("c/ab/x", b"x")
 
 
+def test_https_to_a_plain_http_endpoint_is_refused_at_once_with_the_fix(
+    moto: str, bucket: str
+) -> None:
+    # An endpoint typed https:// that serves plain HTTP (WRONG_VERSION_NUMBER in the
+    # handshake) was transient: init retried it for 30 s, a mount's fsync for
+    # --store-timeout (300 s), and the message named neither the scheme nor the fix.
+    store = S3Store(bucket, "p", endpoint_url=moto.replace("http://", "https://"))
+    with pytest.raises(StoreError, match=r"does not speak TLS.*http://") as info:
+        store.put("c/ab/x", b"x")
+    assert not isinstance(info.value, TransientStoreError)
+
+
 @pytest.mark.parametrize("fault", ["drop", "drop_after", "500", "503", "slowdown", "cut"])
 def test_each_fault_is_transient(moto: str, bucket: str, proxy: FaultProxy, fault: str) -> None:
     direct = S3Store(bucket, "p", endpoint_url=moto)
