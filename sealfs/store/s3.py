@@ -30,6 +30,7 @@ import http.client
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -513,6 +514,16 @@ class S3Store:
             return StoreError(
                 f"{self.describe()}: the endpoint's TLS certificate does not verify:"
                 " fix the endpoint URL or set AWS_CA_BUNDLE"
+            )
+        cause = exc.kwargs.get("error")
+        inner = cause.args[0] if cause is not None and cause.args else None
+        if "[X509:" in text or (isinstance(inner, OSError) and not isinstance(inner, ssl.SSLError)):
+            # Loading the CA bundle failed, before any byte was sent: a missing file
+            # or one holding no certificate stays so.
+            reason = inner.strerror if isinstance(inner, OSError) and inner.strerror else text
+            return StoreError(
+                f"{self.describe()}: the CA bundle cannot be loaded ({reason}): fix"
+                " AWS_CA_BUNDLE (or ca_bundle in the profile) to name a PEM file of certificates"
             )
         if "WRONG_VERSION_NUMBER" in text:
             # The answer to the handshake was no TLS: it will not be next time either.

@@ -7,6 +7,7 @@ import random
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -188,6 +189,23 @@ def test_https_to_a_plain_http_endpoint_is_refused_at_once_with_the_fix(
     store = S3Store(bucket, "p", endpoint_url=moto.replace("http://", "https://"))
     with pytest.raises(StoreError, match=r"does not speak TLS.*http://") as info:
         store.put("c/ab/x", b"x")
+    assert not isinstance(info.value, TransientStoreError)
+
+
+@pytest.mark.parametrize("content", [None, b"not a certificate\n"])
+def test_an_unreadable_ca_bundle_is_refused_at_once_naming_it(
+    moto: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes | None
+) -> None:
+    # AWS_CA_BUNDLE naming a missing file, or one with no certificate in it, was a
+    # transient failure: retried until the store timeout, then "unreachable", with
+    # OpenSSL's words ("No such file or directory") and no word of the setting.
+    bundle = tmp_path / "ca.pem"
+    if content is not None:
+        bundle.write_bytes(content)
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    store = S3Store(bucket, "p", endpoint_url=moto.replace("http://", "https://"))
+    with pytest.raises(StoreError, match=r"CA bundle.*AWS_CA_BUNDLE") as info:
+        store.get("sealfs.vol")
     assert not isinstance(info.value, TransientStoreError)
 
 
