@@ -260,6 +260,27 @@ def _endpoint_location(endpoint: str) -> str:
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
+def _check_endpoint(endpoint: str | None, source: str) -> None:
+    """Raise ConfigError for an endpoint URL that names no HTTP service.
+
+    botocore took a mistyped scheme ("htp://") or port (99999) and failed each
+    request with "Custom endpoint ... was not a valid URI": exit 1, and no word
+    of where the URL came from. The URL is not echoed: it may carry credentials.
+    """
+    if not endpoint:
+        return
+    parts = urlsplit(endpoint)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # no number, or out of range
+        port_ok = False
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname or not port_ok:
+        raise ConfigError(
+            f"the S3 endpoint in {source} is not a URL of an HTTP service: give"
+            " http://HOST[:PORT] or https://HOST[:PORT]"
+        )
+
+
 def _without_expect_continue(request: Any, **_: Any) -> None:
     """Send a PutObject's body with its headers, not after a "100 Continue".
 
@@ -328,6 +349,7 @@ class S3Store:
                 " or an instance role"
             )
         self.endpoint_url = endpoint_url or None
+        _check_endpoint(self._custom_endpoint(), self._endpoint_source())
         self.region = region or None
         self.profile = profile or None
         self.max_pool = max_pool
@@ -422,6 +444,14 @@ class S3Store:
         if configured:
             return str(configured)
         return "path" if self._custom_endpoint() else None
+
+    def _endpoint_source(self) -> str:
+        """Where the custom endpoint was given, for messages."""
+        if self.endpoint_url:
+            return "--s3-endpoint"
+        return (
+            "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        )
 
     def _custom_endpoint(self) -> str | None:
         return (

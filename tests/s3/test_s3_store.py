@@ -388,6 +388,29 @@ def test_bad_s3_urls(url: str, message: str) -> None:
     assert "secret" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("option", "env", "endpoint"),
+    [
+        (True, "", "htp://127.0.0.1:9000"),
+        (True, "", "http://127.0.0.1:99999"),
+        (True, "", "http://:9000"),
+        (False, "AWS_ENDPOINT_URL_S3", "htps://127.0.0.1:9000"),
+        (False, "AWS_ENDPOINT_URL", "ftp://127.0.0.1:9000"),
+    ],
+)
+def test_a_malformed_endpoint_is_a_config_error_naming_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch, option: bool, env: str, endpoint: str
+) -> None:
+    # A mistyped scheme or port passed the client's set-up and failed the first request
+    # (exit 1, "s3 put_if_absent probe/...: Custom endpoint ... was not a valid URI"),
+    # naming neither the option nor the setting to fix.
+    if env:
+        monkeypatch.setenv(env, endpoint)
+    source = "--s3-endpoint" if option else env
+    with pytest.raises(ConfigError, match=rf"{source}.*http://.*https://"):
+        S3Store("bucket", "p", endpoint_url=endpoint if option else None).get("sealfs.vol")
+
+
 def test_parse_s3_url() -> None:
     assert parse_s3_url("s3://bucket") == ("bucket", "")
     assert parse_s3_url("s3://abc") == ("abc", "")
