@@ -80,7 +80,7 @@ _TRANSIENT_CODES = frozenset({
 })  # fmt: skip
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
-_EXPIRED_CODES = frozenset({"ExpiredToken", "TokenRefreshRequired", "InvalidToken"})
+_EXPIRED_CODES = frozenset({"ExpiredToken", "TokenRefreshRequired"})
 _REGION_CODES = frozenset({"PermanentRedirect", "AuthorizationHeaderMalformed", "301"})
 
 # Clients' transport failures that a later attempt may not meet.
@@ -595,6 +595,13 @@ class S3Store:
             return StoreError(f"{what}: this host's clock is off: synchronise it (NTP)")
         if code in _EXPIRED_CODES:
             return StoreError(f"{what}: the session token expired: refresh the credentials")
+        if code == "InvalidToken":
+            # Malformed, or a stale AWS_SESSION_TOKEN beside long-term keys: a refresh
+            # of the keys does not take it away.
+            return StoreError(
+                f"{what}: the session token is not valid for these keys: check"
+                " AWS_SESSION_TOKEN (unset it for long-term keys) or refresh the credentials"
+            )
         if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
             return StoreError(
                 f"{what}: access denied: the credentials need s3:GetObject, s3:PutObject,"

@@ -19,7 +19,9 @@ Refusals, never in the default mix (set_faults(rate, [kind]) only): error
 documents S3 answers with that are not a server's trouble, or not only that:
 skewed (403 RequestTimeTooSkewed: this host's clock is off), incomplete
 (400 IncompleteBody: the request's body was cut short in transit) and baddigest
-(400 BadDigest: the body's checksum did not match, it was damaged in transit).
+(400 BadDigest: the body's checksum did not match, it was damaged in transit),
+expired (400 ExpiredToken) and badtoken (400 InvalidToken: a session token that is
+malformed, or given with keys it does not belong to).
 And flip:
 forward a GET, then answer with one byte of its body changed (what the
 object's checksum, not TCP's, catches).
@@ -39,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FAULTS = ("drop", "drop_after", "error_after", "500", "503", "slowdown", "delay", "cut")
-REFUSALS = ("skewed", "incomplete", "baddigest", "flip")
+REFUSALS = ("skewed", "incomplete", "baddigest", "expired", "badtoken", "flip")
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
     "upgrade", "expect", "content-length",
@@ -63,6 +65,8 @@ ERROR_BODIES = {
         "BadDigest",
         "The CRC32 you specified did not match the calculated checksum.",
     ),
+    "expired": (400, "ExpiredToken", "The provided token has expired."),
+    "badtoken": (400, "InvalidToken", "The provided token is malformed or otherwise invalid."),
     "checksum": (
         400,
         "InvalidArgument",

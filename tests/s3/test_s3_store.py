@@ -277,6 +277,27 @@ def test_a_clock_off_is_not_reported_as_access_denied(
     assert not isinstance(info.value, TransientStoreError)
 
 
+@pytest.mark.parametrize(
+    ("refusal", "said", "not_said"),
+    [
+        ("expired", "session token expired", "not valid"),
+        ("badtoken", "AWS_SESSION_TOKEN", "expired"),
+    ],
+)
+def test_an_invalid_session_token_is_not_reported_as_expired(
+    moto: str, bucket: str, proxy: FaultProxy, refusal: str, said: str, not_said: str
+) -> None:
+    # InvalidToken (a malformed token, or a stale AWS_SESSION_TOKEN left beside
+    # long-term keys) was reported as "the session token expired: refresh the
+    # credentials", which a refresh does not cure when the variable is the trouble.
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, [refusal])
+    with pytest.raises(StoreError, match=said) as info:
+        store.put("c/ab/x", b"x")
+    assert not_said not in str(info.value)
+    assert not isinstance(info.value, TransientStoreError)
+
+
 def test_a_body_cut_half_way_is_never_returned(moto: str, bucket: str, proxy: FaultProxy) -> None:
     data = os.urandom(300_000)
     S3Store(bucket, "p", endpoint_url=moto).put("c/ab/x", data)
