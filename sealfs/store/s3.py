@@ -810,4 +810,16 @@ def probe_conditional_writes(store: ObjectStore) -> None:
                 " that two key changes cannot overwrite each other's volume header"
             )
     finally:
+        _delete_probe(store, name)
+
+
+def _delete_probe(store: ObjectStore, name: str) -> None:
+    """Delete the probe, or say which object stays: init refuses a prefix that is not
+    empty, and its message cannot tell a probe left behind from anything else."""
+    try:
         store.delete(name)
+    except StoreError as exc:
+        raise StoreError(
+            f"{exc}; the conditional-write probe {name} is left under the volume prefix:"
+            " delete it before running init again"
+        ) from None

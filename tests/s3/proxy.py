@@ -21,7 +21,8 @@ skewed (403 RequestTimeTooSkewed: this host's clock is off), incomplete
 (400 IncompleteBody: the request's body was cut short in transit) and baddigest
 (400 BadDigest: the body's checksum did not match, it was damaged in transit),
 expired (400 ExpiredToken) and badtoken (400 InvalidToken: a session token that is
-malformed, or given with keys it does not belong to).
+malformed, or given with keys it does not belong to), denied (403 AccessDenied:
+a policy without the permission; with methods, one permission missing).
 And flip:
 forward a GET, then answer with one byte of its body changed (what the
 object's checksum, not TCP's, catches).
@@ -41,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FAULTS = ("drop", "drop_after", "error_after", "500", "503", "slowdown", "delay", "cut")
-REFUSALS = ("skewed", "incomplete", "baddigest", "expired", "badtoken", "flip")
+REFUSALS = ("skewed", "incomplete", "baddigest", "expired", "badtoken", "denied", "flip")
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
     "upgrade", "expect", "content-length",
@@ -66,6 +67,7 @@ ERROR_BODIES = {
         "The CRC32 you specified did not match the calculated checksum.",
     ),
     "expired": (400, "ExpiredToken", "The provided token has expired."),
+    "denied": (403, "AccessDenied", "Access Denied"),
     "badtoken": (400, "InvalidToken", "The provided token is malformed or otherwise invalid."),
     "checksum": (
         400,

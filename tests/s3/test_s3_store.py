@@ -379,6 +379,21 @@ def test_probe_refuses_a_service_that_ignores_if_none_match(bucket: str, proxy: 
     assert all_objects(bucket) == {}
 
 
+def test_a_probe_that_cannot_be_deleted_is_named_with_what_to_do(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # Without s3:DeleteObject, init's probe stayed; the message named the permission
+    # only, and once it was granted init refused the prefix as "not empty and holds
+    # no sealfs volume: use an empty directory", naming no object to remove.
+    store = S3Store(bucket, "vol", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["denied"], methods=["DELETE"])
+    with pytest.raises(StoreError, match=r"access denied.*s3:DeleteObject") as info:
+        probe_conditional_writes(store)
+    (left,) = all_objects(bucket)
+    assert f"{left.removeprefix('vol/')} is left" in str(info.value)
+    assert "delete it" in str(info.value)
+
+
 def test_describe_names_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="takes no credentials") as info:
         S3Store("bucket", "a/b", endpoint_url="https://key:secret@minio.example:9000")
