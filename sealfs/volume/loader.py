@@ -115,8 +115,10 @@ def create_volume(
                 f" before its header: if no other init is running on it, delete {held[0]}"
                 " and run init again"
             )
+        some = "1 object:" if len(held) == 1 else f"{len(held)} objects, such as"
         raise VolumeExistsError(
-            f"{store.describe()} is not empty and holds no sealfs volume: use an empty directory"
+            f"{store.describe()} is not empty ({some} {held[0]}) and holds no sealfs volume:"
+            " give an empty directory or an unused S3 prefix"
         )
     master_key, volume_id = new_master_key(), new_volume_id()
     header_bytes = create_header(master_key, volume_id, passphrase, kdf, recovery_key, extra_slots)

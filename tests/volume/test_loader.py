@@ -210,6 +210,19 @@ def test_an_init_killed_before_its_header_is_named_with_the_way_out(
     create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
 
 
+def test_a_store_holding_something_else_is_refused_naming_an_object_and_the_s3_fix(
+    kdf_params: Argon2Params,
+) -> None:
+    """For an S3 store the way out is another prefix, yet the message said only "use an
+    empty directory", and named nothing it held: an object left behind (init's probe,
+    when DeleteObject was denied) had to be found by listing the bucket."""
+    store = MemoryStore()
+    store.put("probe/0123456789abcdef", b"left behind")
+    store.put("zz/other", b"x")
+    with pytest.raises(VolumeExistsError, match=r"2 objects.*probe/0123456789abcdef.*S3 prefix"):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+
+
 @pytest.mark.parametrize(
     ("method", "fault"), [("put_if_absent", "nospace"), ("sync", "flush_failed")]
 )
