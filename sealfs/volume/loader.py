@@ -34,7 +34,7 @@ from sealfs.errors import (
     VolumeExistsError,
     WriterConflictError,
 )
-from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE, VolumeHeader, decode_header
+from sealfs.keys.header import HEADER_NAME, MAGIC, MAX_HEADER_SIZE, VolumeHeader, decode_header
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import (
@@ -155,9 +155,10 @@ def _take_back_first_segment(store: ObjectStore) -> None:
 
 
 def read_header(store: ObjectStore) -> bytes:
-    """The header bytes. Raises NotAVolumeError if the store holds none."""
+    """The header bytes. Raises NotAVolumeError if the store holds none, FormatError if
+    what it holds does not begin as a sealfs header does."""
     try:
-        return store.get(HEADER_NAME, MAX_HEADER_SIZE)
+        data = store.get(HEADER_NAME, MAX_HEADER_SIZE)
     except ObjectNotFoundError:
         # Not just "run init": at boot the usual cause is a disk not mounted yet, where
         # init would make a second, empty volume on the directory under it.
@@ -166,6 +167,14 @@ def read_header(store: ObjectStore) -> bytes:
             " (is the disk or bucket that holds the volume there yet?), or run 'sealfs init'"
             " to create a new volume"
         ) from None
+    if not data.startswith(MAGIC):
+        # A web server given as the S3 endpoint answers every GET with a page: the
+        # header's own check said only "volume header is 34 bytes, too short".
+        raise FormatError(
+            f"{store.describe()}: {HEADER_NAME} is not a sealfs volume header: check the"
+            " store URL and the S3 endpoint (--s3-endpoint), or restore it from a backup"
+        )
+    return data
 
 
 def open_volume(store: ObjectStore, secret: Secret) -> Loaded:

@@ -307,6 +307,17 @@ def test_a_header_larger_than_any_header_is_refused_unread() -> None:
         read_header(store)
 
 
+@pytest.mark.parametrize("body", [b"<html><body>It works!</body></html>", b"x" * 4096])
+def test_a_header_that_is_no_sealfs_header_names_the_store_and_the_endpoint(body: bytes) -> None:
+    """A web server given as the S3 endpoint answers every GET with a page: mount and
+    status said "volume header is 34 bytes, too short" (exit 4), naming neither the
+    store nor the URL or endpoint that is the likely mistake."""
+    store = MemoryStore()
+    store.put(HEADER_NAME, body)
+    with pytest.raises(FormatError, match=r"memory store.*not a sealfs volume header.*endpoint"):
+        open_volume(store, Passphrase(PASSPHRASE))
+
+
 @pytest.mark.parametrize("prefix", [SEGMENT_PREFIX, SNAPSHOT_PREFIX])
 async def test_a_log_object_larger_than_any_that_opens_is_refused_unread(
     tmp_path: Path, kdf_params: Argon2Params, prefix: str
