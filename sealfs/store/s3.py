@@ -656,6 +656,12 @@ class S3Store:
         """Size and the server's ETag (opaque). Raises ObjectNotFoundError."""
         key = self._key(name)
         response = self._call("stat", name, lambda c: c.head_object(Bucket=self.bucket, Key=key))
+        if "ETag" not in response:  # S3 always sends one: a web server took the request
+            raise StoreError(
+                f"{self.describe()} answered HeadObject without an ETag: it is not an S3"
+                " service (a web page, a console's port?): fix the endpoint (--s3-endpoint"
+                " or AWS_ENDPOINT_URL)"
+            )
         return ObjectInfo(name=name, size=int(response["ContentLength"]), etag=response["ETag"])
 
     def put(self, name: str, data: bytes) -> None:

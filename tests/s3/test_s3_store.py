@@ -6,7 +6,9 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class _WebPage(BaseHTTPRequestHandler):
+    """Any web server that is not S3: a page, 200, for every request."""
+
+    def _page(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html><body>It works!</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _page
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: a test's output is not the place for an access log."""
+
+
+@pytest.fixture
+def web_page() -> Iterator[str]:
+    """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
 
 
 def test_keys_are_prefix_plus_name_and_nothing_else(moto: str, bucket: str) -> None:
@@ -169,6 +202,18 @@ def test_missing_bucket_is_a_store_error_with_a_fix(moto: str) -> None:
     with pytest.raises(StoreError, match=r"does not exist.*create it first") as info:
         store.get("sealfs.vol")
     assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
+
+
+def test_a_stat_answered_by_a_web_page_says_the_endpoint_is_no_s3_service(
+    moto: str, web_page: str
+) -> None:
+    # The HEAD's answer has no ETag: stat raised KeyError, and 'sealfs key add' or
+    # 'key passwd' given such an endpoint ended "unexpected KeyError: ... a bug in
+    # sealfs" (exit 70).
+    store = S3Store("bucket", "p", endpoint_url=web_page)
+    with pytest.raises(StoreError, match=r"not an S3 service.*--s3-endpoint") as info:
+        store.stat("sealfs.vol")
+    assert not isinstance(info.value, TransientStoreError)
 
 
 def test_unreachable_endpoint_is_transient_then_unavailable() -> None:
