@@ -794,6 +794,9 @@ def probe_conditional_writes(store: ObjectStore) -> None:
     name = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
     store.put_if_absent(name, b"sealfs conditional-write probe: first")
     try:
+        # Before the second create: a web server that is no S3 service answers every PUT
+        # with 200 too, and was taken for a service that ignores the condition.
+        etag = store.stat(name).etag
         try:
             store.put_if_absent(name, b"sealfs conditional-write probe: second")
         except ObjectExistsError:
@@ -805,7 +808,7 @@ def probe_conditional_writes(store: ObjectStore) -> None:
                 " generation): use AWS S3, a recent MinIO, Ceph RGW, R2 or another service"
                 " that enforces them"
             )
-        wrong = store.stat(name).etag + "x"
+        wrong = etag + "x"
         try:
             store.put_if_match(name, b"sealfs conditional-write probe: third", wrong)
         except PreconditionFailedError:

@@ -424,6 +424,17 @@ def test_probe_refuses_a_service_that_ignores_if_none_match(bucket: str, proxy: 
     assert all_objects(bucket) == {}
 
 
+def test_the_probe_does_not_take_a_web_page_for_an_s3_service_ignoring_conditions(
+    moto: str, web_page: str
+) -> None:
+    # A web server (a console's port given as the endpoint) answers every PUT with 200:
+    # init said "this S3 service ignores If-None-Match conditional writes ... use AWS
+    # S3, a recent MinIO...", sending an operator of a recent MinIO to replace it.
+    with pytest.raises(StoreError, match=r"not an S3 service.*--s3-endpoint") as info:
+        probe_conditional_writes(S3Store("bucket", "vol", endpoint_url=web_page))
+    assert "If-None-Match" not in str(info.value)
+
+
 def test_a_probe_that_cannot_be_deleted_is_named_with_what_to_do(
     moto: str, bucket: str, proxy: FaultProxy
 ) -> None:
