@@ -576,6 +576,15 @@ class S3Store:
                 f"bucket {bucket} does not exist at {self._where()}: create it first"
                 f" (aws s3 mb s3://{bucket}) or fix the URL or --s3-endpoint"
             )
+        if status == 404 and not code and method != "get":
+            # S3 names what is missing (NoSuchBucket, NoSuchKey); HEAD has no body, so
+            # botocore gives its code as "404". A bare 404 to anything else is a web
+            # server's: "object ... not found" misled, for an object just written.
+            return StoreError(
+                f"{what}: the endpoint answered 404 without an S3 error: it is not an S3"
+                " service, or not at that path or port: fix the endpoint (--s3-endpoint"
+                " or AWS_ENDPOINT_URL)"
+            )
         if code in _NOT_FOUND_CODES or (status == 404 and not code):
             return ObjectNotFoundError(f"object {name} not found in {self.describe()}")
         if code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS:

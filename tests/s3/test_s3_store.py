@@ -39,12 +39,12 @@ def free_port() -> int:
 
 
 class _WebPage(BaseHTTPRequestHandler):
-    """Any web server that is not S3: a page, 200, for every request."""
+    """Any web server that is not S3: a page, with the server's status, for every request."""
 
     def _page(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         body = b"<html><body>It works!</body></html>"
-        self.send_response(200)
+        self.send_response(getattr(self.server, "status", 200))
         self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -57,16 +57,29 @@ class _WebPage(BaseHTTPRequestHandler):
         """Quiet: a test's output is not the place for an access log."""
 
 
-@pytest.fixture
-def web_page() -> Iterator[str]:
+def _serve_pages(status: int) -> Iterator[str]:
     """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
+    server.status = status  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)
+
+
+@pytest.fixture
+def web_page() -> Iterator[str]:
+    """A web server answering every request with a page (200)."""
+    yield from _serve_pages(200)
+
+
+@pytest.fixture
+def missing_page() -> Iterator[str]:
+    """A web server answering every request with "not found" (404), as one does when the
+    endpoint's path or port leads to no S3 service."""
+    yield from _serve_pages(404)
 
 
 def test_keys_are_prefix_plus_name_and_nothing_else(moto: str, bucket: str) -> None:
@@ -214,6 +227,26 @@ def test_a_stat_answered_by_a_web_page_says_the_endpoint_is_no_s3_service(
     with pytest.raises(StoreError, match=r"not an S3 service.*--s3-endpoint") as info:
         store.stat("sealfs.vol")
     assert not isinstance(info.value, TransientStoreError)
+
+
+@pytest.mark.parametrize("method", ["put", "put_if_absent", "put_if_match", "list", "delete"])
+def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
+    moto: str, missing_page: str, method: str
+) -> None:
+    # S3 answers a missing bucket or key with an error code (NoSuchBucket, NoSuchKey);
+    # a bare 404 to an upload or a listing comes from something else. init reported
+    # "object probe/... not found in s3 store", a missing object where it had written one.
+    store = S3Store("bucket", "p", endpoint_url=missing_page)
+    calls = {
+        "put": lambda: store.put("c/ab/x", b"x"),
+        "put_if_absent": lambda: store.put_if_absent("c/ab/x", b"x"),
+        "put_if_match": lambda: store.put_if_match("c/ab/x", b"x", '"etag"'),
+        "list": lambda: store.list(""),
+        "delete": lambda: store.delete("c/ab/x"),
+    }
+    with pytest.raises(StoreError, match=r"404.*not an S3 service.*--s3-endpoint") as info:
+        calls[method]()
+    assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
 
 
 def test_unreachable_endpoint_is_transient_then_unavailable() -> None:
