@@ -423,10 +423,11 @@ class S3Store:
             client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         except ValueError as exc:  # e.g. a malformed endpoint URL
             raise ConfigError(
-                f"cannot set up the S3 client (check --s3-endpoint and the AWS_* settings): {exc}"
+                f"cannot set up the S3 client (check --s3-endpoint and the AWS_* settings):"
+                f" {self._scrub(exc)}"
             ) from None
         except bex.BotoCoreError as exc:
-            raise StoreError(f"cannot set up the S3 client: {exc}") from None
+            raise StoreError(f"cannot set up the S3 client: {self._scrub(exc)}") from None
         client.meta.events.register("before-send.s3.PutObject", _without_expect_continue)
         return client
 
@@ -444,6 +445,16 @@ class S3Store:
         if configured:
             return str(configured)
         return "path" if self._custom_endpoint() else None
+
+    def _scrub(self, error: BaseException) -> str:
+        """The error's text without the endpoint URL's user:password@, which botocore
+        quotes ('Could not connect to the endpoint URL: "http://user:pw@host/..."'):
+        AWS_ENDPOINT_URL is boto3's to read, and may carry them."""
+        text = str(error)
+        netloc = urlsplit(self._custom_endpoint() or "").netloc
+        if "@" in netloc:
+            text = text.replace(netloc.rsplit("@", 1)[0] + "@", "")
+        return text
 
     def _endpoint_source(self) -> str:
         """Where the custom endpoint was given, for messages."""
@@ -505,15 +516,17 @@ class S3Store:
             ) from None
         except bex.CredentialRetrievalError as exc:
             raise TransientStoreError(
-                f"{self.describe()}: fetching credentials failed: {exc}"
+                f"{self.describe()}: fetching credentials failed: {self._scrub(exc)}"
             ) from None
         except bex.SSLError as exc:
             raise self._tls_error(method, name, exc) from None
         except _TRANSPORT_ERRORS as exc:
             kind = _TimedOut if isinstance(exc, _TIMEOUT_ERRORS) else TransientStoreError
-            raise kind(f"{self._what(method, name)}: {type(exc).__name__}: {exc}") from None
+            raise kind(
+                f"{self._what(method, name)}: {type(exc).__name__}: {self._scrub(exc)}"
+            ) from None
         except bex.BotoCoreError as exc:
-            raise StoreError(f"{self._what(method, name)}: {exc}") from None
+            raise StoreError(f"{self._what(method, name)}: {self._scrub(exc)}") from None
 
     def _upload(
         self,
@@ -561,7 +574,7 @@ class S3Store:
                 f"{self.describe()}: the endpoint does not speak TLS: give it as http://,"
                 " or the port where it serves https://"
             )
-        return TransientStoreError(f"{self._what(method, name)}: {exc}")
+        return TransientStoreError(f"{self._what(method, name)}: {self._scrub(exc)}")
 
     def _what(self, method: str, name: str) -> str:
         return f"s3 {method} {name or '-'} in s3://{self.bucket}/{self.prefix}"

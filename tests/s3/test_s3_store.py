@@ -536,6 +536,19 @@ def test_a_malformed_endpoint_is_a_config_error_naming_where_it_came_from(
         S3Store("bucket", "p", endpoint_url=endpoint if option else None).get("sealfs.vol")
 
 
+def test_a_password_in_the_endpoint_variable_is_never_quoted(
+    moto: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # botocore quotes the URL it could not reach: init printed, and a mount's log kept,
+    # 'Could not connect to the endpoint URL: "http://user:hunter2@127.0.0.1:...'.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://user:hunter2@127.0.0.1:{free_port()}")
+    store = S3Store("bucket", "p")
+    with pytest.raises(TransientStoreError, match="EndpointConnectionError") as info:
+        store.get("sealfs.vol")
+    assert "hunter2" not in str(info.value)
+    assert "127.0.0.1" in str(info.value)
+
+
 def test_parse_s3_url() -> None:
     assert parse_s3_url("s3://bucket") == ("bucket", "")
     assert parse_s3_url("s3://abc") == ("abc", "")
