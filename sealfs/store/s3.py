@@ -616,7 +616,13 @@ class S3Store:
         if code == "RequestTimeTooSkewed":
             return StoreError(f"{what}: this host's clock is off: synchronise it (NTP)")
         if code in _EXPIRED_CODES:
-            return StoreError(f"{what}: the session token expired: refresh the credentials")
+            # A mount's daemon resolved its credentials when it started: keys refreshed
+            # in the shell never reach it; only a role, SSO or instance profile renews.
+            return StoreError(
+                f"{what}: the session token expired: refresh the credentials (a running"
+                " mount keeps those it started with: remount it, or give it a profile whose"
+                " role or SSO session renews itself)"
+            )
         if code == "InvalidToken":
             # Malformed, or a stale AWS_SESSION_TOKEN beside long-term keys: a refresh
             # of the keys does not take it away.

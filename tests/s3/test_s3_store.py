@@ -376,6 +376,19 @@ def test_an_invalid_session_token_is_not_reported_as_expired(
     assert not isinstance(info.value, TransientStoreError)
 
 
+def test_an_expired_token_says_a_mount_keeps_the_credentials_it_started_with(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # "refresh the credentials" alone: a mount's daemon read AWS_* when it started and
+    # never again, so credentials refreshed in the shell did not reach it, and every
+    # fsync kept failing with the same advice.
+    store = S3Store(bucket, "p", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["expired"])
+    with pytest.raises(StoreError, match=r"session token expired.*remount") as info:
+        store.put("c/ab/x", b"x")
+    assert not isinstance(info.value, TransientStoreError)
+
+
 def test_a_body_cut_half_way_is_never_returned(moto: str, bucket: str, proxy: FaultProxy) -> None:
     data = os.urandom(300_000)
     S3Store(bucket, "p", endpoint_url=moto).put("c/ab/x", data)
