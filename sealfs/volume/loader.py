@@ -172,7 +172,8 @@ def read_header(store: ObjectStore) -> bytes:
         # header's own check said only "volume header is 34 bytes, too short".
         raise FormatError(
             f"{store.describe()}: {HEADER_NAME} is not a sealfs volume header: check the"
-            " store URL and the S3 endpoint (--s3-endpoint), or restore it from a backup"
+            " store URL (of an S3 store, the endpoint too: --s3-endpoint), or restore"
+            f" {HEADER_NAME} from a backup"
         )
     return data
 
