@@ -249,7 +249,9 @@ def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
     assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
 
 
-def test_unreachable_endpoint_is_transient_then_unavailable() -> None:
+def test_unreachable_endpoint_is_transient_then_unavailable(moto: str) -> None:
+    # moto only for its fake credentials: without them, run alone, this met
+    # NoCredentialsError before it tried to connect.
     store = S3Store("bucket", "p", endpoint_url=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(TransientStoreError):
         store.get("sealfs.vol")
