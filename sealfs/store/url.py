@@ -224,6 +224,13 @@ def open_store(
     scheme = _scheme(url)
     store: ObjectStore
     if scheme in ("", "file"):
+        if s3_endpoint:
+            # Ignored, it let `init my-bucket/agents --s3-endpoint URL` (s3:// forgotten)
+            # create a local volume in ./my-bucket/agents, and say it was made.
+            raise ConfigError(
+                f"--s3-endpoint is for s3:// stores, and {url} is a local directory:"
+                " give the store as s3://BUCKET/PREFIX, or drop --s3-endpoint"
+            )
         store = RetryingStore(LocalStore(local_path(url)), deadline=store_timeout)
     elif scheme == "s3":
         from sealfs.store.s3 import (  # noqa: PLC0415 - boto3 is slow to import

@@ -33,6 +33,18 @@ def test_file_url_with_cache(tmp_path: Path) -> None:
     assert store.inner.inner.root == tmp_path / "my vol"
 
 
+@pytest.mark.parametrize("url", ["my-bucket/agents", "file:///srv/vol"])
+def test_an_s3_endpoint_for_a_local_store_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Regression: ignored, it let `sealfs init my-bucket/agents --s3-endpoint URL` (the
+    s3:// forgotten) create a local volume in ./my-bucket/agents and report success."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"--s3-endpoint is for s3:// stores.*s3://BUCKET"):
+        open_store(url, s3_endpoint="http://127.0.0.1:9000")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_memory_url_is_refused() -> None:
     """Regression: `sealfs init memory://` reported a volume created and kept nothing."""
     with pytest.raises(ConfigError, match="unsupported store URL scheme memory://"):
