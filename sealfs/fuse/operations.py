@@ -31,8 +31,9 @@ from sealfs.errors import (
     StoreError,
 )
 from sealfs.volume.attrs import IO_SIZE, Attr
-from sealfs.volume.engine import POSIX_ACL_ACCESS, Volume
+from sealfs.volume.engine import Volume
 from sealfs.volume.status import mounted_volume_status
+from sealfs.volume.xattrs import POSIX_ACL_ACCESS
 
 log = logging.getLogger("sealfs.fuse")
 

@@ -16,9 +16,8 @@ import errno
 import logging
 import os
 import stat
-import struct
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +39,7 @@ from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
+from sealfs.volume import xattrs
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
 from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import RESERVED_WORKERS, Chunks
@@ -54,31 +54,6 @@ log = logging.getLogger("sealfs.volume")
 
 
 NAME_MAX = 255
-XATTR_NAME_MAX = 255
-XATTR_SIZE_MAX = 65536
-XATTR_LIST_MAX = 65536  # the most listxattr(2) returns: every name, NUL-terminated
-# Names and values of one file together. Every snapshot and the daemon's memory hold
-# them all: without a bound, one file took 128 MiB (2,000 values of 64 KiB).
-XATTR_TOTAL_MAX = 1 << 20
-XATTR_CREATE = 1
-XATTR_REPLACE = 2
-# ACLs are not stored: one stored but not applied would be taken as applied (cp -a sets
-# modes through it) while the mode bits, which the kernel checks, stay unchanged. An
-# access ACL that only restates the mode is applied as a chmod, as ext4 does.
-POSIX_ACL_ACCESS = b"system.posix_acl_access"
-POSIX_ACL_XATTRS = (POSIX_ACL_ACCESS, b"system.posix_acl_default")
-# The namespaces Linux file systems store; any other name (system.*, which the kernel
-# leaves wholly to a FUSE daemon, or no known namespace) gets EOPNOTSUPP, as on ext4.
-# Stored, a system.* name could be set and removed by any user who could see the file,
-# owner or not: the kernel checks no permission for that namespace.
-XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
-XATTR_TRUSTED = b"trusted."  # listed only to CAP_SYS_ADMIN
-# The kernel's ACL xattr encoding: a version, then (tag, permissions, id) per entry, in
-# tag order. Owner, group and other entries alone are exactly the mode's 0o777 bits.
-_ACL_HEADER = struct.Struct("<I")
-_ACL_ENTRY = struct.Struct("<HHI")
-_ACL_VERSION = 2
-_ACL_MODE_TAGS = (0x01, 0x04, 0x20)  # ACL_USER_OBJ, ACL_GROUP_OBJ, ACL_OTHER
 # Records after which a directory's listing is no longer its names (op[1] names it).
 _LISTING_CHANGES = (ops.LINK, ops.UNLINK, ops.DEL_INODE)
 RENAME_NOREPLACE = 1
@@ -791,10 +766,10 @@ class Volume:
     # -- extended attributes -----------------------------------------------------------
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
-        _check_xattr_name(name)
+        xattrs.check_name(name)
         value = self.inode(ino).xattrs.get(name)
         if value is None:
-            raise _no_such_xattr(name)
+            raise xattrs.no_such(name)
         return value
 
     async def listxattr(self, ino: int, *, privileged: bool = True) -> list[bytes]:
@@ -804,30 +779,18 @@ class Volume:
         names = sorted(self.inode(ino).xattrs)
         if privileged:
             return names
-        return [name for name in names if not name.startswith(XATTR_TRUSTED)]
+        return [name for name in names if not name.startswith(xattrs.XATTR_TRUSTED)]
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
         self._writable()
         inode = self.inode(ino)
-        _check_xattr_name(name)
-        if len(value) > XATTR_SIZE_MAX:
+        xattrs.check_name(name)
+        if len(value) > xattrs.XATTR_SIZE_MAX:
             raise FsError(errno.E2BIG)
-        if name == POSIX_ACL_ACCESS:
+        if name == xattrs.POSIX_ACL_ACCESS:
             self._chmod_by_acl(inode, value)
             return
-        if name in POSIX_ACL_XATTRS or not _supported_xattr(name):
-            raise FsError(errno.EOPNOTSUPP)
-        if flags & XATTR_CREATE and name in inode.xattrs:
-            raise FsError(errno.EEXIST)
-        if flags & XATTR_REPLACE and name not in inode.xattrs:
-            raise FsError(errno.ENODATA)
-        if name not in inode.xattrs and _names_size(inode.xattrs) + len(name) + 1 > XATTR_LIST_MAX:
-            # Past this, listxattr fails with E2BIG and cp -a or rsync -X drop every xattr.
-            raise FsError(errno.ENOSPC)
-        old = inode.xattrs.get(name)
-        grows = len(value) - len(old) if old is not None else len(name) + len(value)
-        if grows > 0 and _xattrs_size(inode.xattrs) + grows > XATTR_TOTAL_MAX:
-            raise FsError(errno.ENOSPC)  # as a full ext4 inode says; a smaller value still fits
+        xattrs.check_set(inode.xattrs, name, value, flags)
         self._record(ops.set_xattr(ino, name, value))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -840,7 +803,7 @@ class Volume:
         the caller is outside the file's group and lacks CAP_FSETID; the daemon cannot
         tell, so set-group-ID files are refused too and get the kernel-checked chmod.
         """
-        bits = _mode_of_acl(value)
+        bits = xattrs.mode_of_acl(value)
         if bits is None or inode.mode & stat.S_ISGID:
             raise FsError(errno.EOPNOTSUPP)
         mode = (inode.mode & ~0o777) | bits
@@ -849,11 +812,11 @@ class Volume:
     async def removexattr(self, ino: int, name: bytes) -> None:
         self._writable()
         inode = self.inode(ino)
-        _check_xattr_name(name)
-        if name in POSIX_ACL_XATTRS:
+        xattrs.check_name(name)
+        if name in xattrs.POSIX_ACL_XATTRS:
             return  # there is never one to remove, and ext4 succeeds then too
         if name not in inode.xattrs:  # one an older build stored can still be removed
-            raise _no_such_xattr(name)
+            raise xattrs.no_such(name)
         self._record(ops.del_xattr(ino, name))
         self._record(ops.put_inode(inode, ctime_ns=time.time_ns()))
 
@@ -889,55 +852,8 @@ def _gives_up(exc: SealfsError) -> bool:
     return not isinstance(exc, TransientStoreError)
 
 
-def _names_size(xattrs: Mapping[bytes, bytes]) -> int:
-    """Bytes listxattr(2) would return: each name with its NUL."""
-    return sum(len(name) + 1 for name in xattrs)
-
-
-def _xattrs_size(xattrs: Mapping[bytes, bytes]) -> int:
-    """Bytes a file's xattrs take in metadata: names and values."""
-    return sum(len(name) + len(value) for name, value in xattrs.items())
-
-
-def _mode_of_acl(value: bytes) -> int | None:
-    """The permission bits an ACL xattr stands for, if it holds only the owner, group and
-    other entries; None for any other ACL."""
-    if len(value) != _ACL_HEADER.size + len(_ACL_MODE_TAGS) * _ACL_ENTRY.size:
-        return None
-    if _ACL_HEADER.unpack_from(value)[0] != _ACL_VERSION:
-        return None
-    bits = 0
-    for k, tag in enumerate(_ACL_MODE_TAGS):
-        e_tag, perm, _ = _ACL_ENTRY.unpack_from(value, _ACL_HEADER.size + k * _ACL_ENTRY.size)
-        if e_tag != tag or perm > 0o7:
-            return None
-        bits = bits << 3 | perm
-    return bits
-
-
 def _check_name(name: bytes) -> None:
     if len(name) > NAME_MAX:
         raise FsError(errno.ENAMETOOLONG)
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
-        raise FsError(errno.EINVAL)
-
-
-def _no_such_xattr(name: bytes) -> FsError:
-    """The error for a name a file does not have: ENODATA, or EOPNOTSUPP for a name
-    outside the namespaces stored (as ext4 answers)."""
-    return FsError(errno.ENODATA if _supported_xattr(name) else errno.EOPNOTSUPP)
-
-
-def _supported_xattr(name: bytes) -> bool:
-    """Whether ext4 would take the name (an ACL is taken, though never stored)."""
-    return name.startswith(XATTR_NAMESPACES) or name in POSIX_ACL_XATTRS
-
-
-def _check_xattr_name(name: bytes) -> None:
-    """Refuse a name as Linux does: ERANGE if empty or too long, EINVAL if a namespace
-    has nothing after it ("user."). The kernel leaves all of it to a FUSE daemon."""
-    if not name or len(name) > XATTR_NAME_MAX:
-        raise FsError(errno.ERANGE)
-    _, dot, rest = name.partition(b".")
-    if dot and not rest:
         raise FsError(errno.EINVAL)

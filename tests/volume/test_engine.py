@@ -22,15 +22,9 @@ from sealfs.meta import ops
 from sealfs.meta.model import ROOT_INO, MetaState
 from sealfs.store.base import ObjectStore
 from sealfs.volume import loader
-from sealfs.volume.engine import (
-    RENAME_EXCHANGE,
-    RENAME_NOREPLACE,
-    XATTR_CREATE,
-    XATTR_REPLACE,
-    XATTR_TOTAL_MAX,
-    Volume,
-)
+from sealfs.volume.engine import RENAME_EXCHANGE, RENAME_NOREPLACE, Volume
 from sealfs.volume.loader import open_volume
+from sealfs.volume.xattrs import XATTR_CREATE, XATTR_REPLACE, XATTR_TOTAL_MAX
 from tests.acls import NAMED_USER_ACL, mode_acl
 from tests.conftest import PASSPHRASE, mounted
 from tests.meta.test_codec import inode_signature
