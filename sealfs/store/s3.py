@@ -81,6 +81,7 @@ _TRANSIENT_CODES = frozenset({
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _EXPIRED_CODES = frozenset({"ExpiredToken", "TokenRefreshRequired"})
+_WRITES = frozenset({"put", "put_if_absent", "put_if_match", "delete"})  # store methods
 _REGION_CODES = frozenset({"PermanentRedirect", "AuthorizationHeaderMalformed", "301"})
 
 # Clients' transport failures that a later attempt may not meet.
@@ -631,9 +632,17 @@ class S3Store:
                 " AWS_SESSION_TOKEN (unset it for long-term keys) or refresh the credentials"
             )
         if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
+            # Read-only credentials are a choice for a mount that only reads: the
+            # operator whose writable mount they refused was not told of that way.
+            read_only = (
+                "; read-only credentials (s3:GetObject, s3:ListBucket) serve"
+                " 'sealfs mount --read-only' and 'sealfs status'"
+                if method in _WRITES
+                else ""
+            )
             return StoreError(
                 f"{what}: access denied: the credentials need s3:GetObject, s3:PutObject,"
-                f" s3:DeleteObject and s3:ListBucket on bucket {bucket}"
+                f" s3:DeleteObject and s3:ListBucket on bucket {bucket}{read_only}"
             )
         if code in _REGION_CODES:
             return StoreError(

@@ -498,6 +498,20 @@ def test_a_probe_that_cannot_be_deleted_is_named_with_what_to_do(
     assert "delete it" in str(info.value)
 
 
+def test_a_write_denied_names_the_read_only_way_and_a_read_denied_does_not(
+    moto: str, bucket: str, proxy: FaultProxy
+) -> None:
+    # An operator given read-only credentials for an agent's state, who mounted it
+    # writable, was told only of the permissions a writer needs.
+    store = S3Store(bucket, "vol", endpoint_url=proxy.url)
+    proxy.set_faults(1.0, ["denied"])
+    with pytest.raises(StoreError, match=r"access denied.*'sealfs mount --read-only'"):
+        store.put("c/ab/x", b"x")
+    with pytest.raises(StoreError, match=r"access denied") as info:
+        store.get("c/ab/x")
+    assert "--read-only" not in str(info.value)
+
+
 def test_describe_names_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="takes no credentials") as info:
         S3Store("bucket", "a/b", endpoint_url="https://key:secret@minio.example:9000")
