@@ -209,6 +209,15 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
                     raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
                 tail.append(logged)
                 previous = sealed
+    if state.generation == 0:
+        # init writes generation 1 (the root directory) before the header, so a header
+        # alone is a store that lost its metadata. Loaded, it had no root: the mount
+        # "succeeded" on a mountpoint that did not exist, and committed a new log there.
+        raise IntegrityError(
+            f"{store.describe()} holds a volume header but no metadata (no snapshot in"
+            f" {SNAPSHOT_PREFIX}, no log segment in {SEGMENT_PREFIX}), so none of its files can"
+            f" be read: restore {SNAPSHOT_PREFIX} and {SEGMENT_PREFIX} from a backup"
+        )
     return Loaded(store, header, ring, state, base, tail)
 
 

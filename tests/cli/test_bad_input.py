@@ -557,6 +557,32 @@ def test_unsupported_format_version(vol: VolumeEnv, tmp_path: Path) -> None:
     assert fingerprint(store) == before
 
 
+@pytest.mark.parametrize("command", ["status", "mount"])
+def test_a_header_without_metadata_is_refused(vol: VolumeEnv, tmp_path: Path, command: str) -> None:
+    """Regression: a store holding sealfs.vol but neither s/ nor l/ (a copy that missed
+    them, a cleanup gone wrong) loaded as generation 0, which has no root directory.
+    status showed an empty volume and exited 0; mount exited 0 on a mountpoint that said
+    "No such file or directory", which `sealfs umount` called "not a sealfs mount", and
+    it wrote a new l/0000000000000001 into the store."""
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    shutil.copy2(vol.store / "sealfs.vol", store / "sealfs.vol")
+    before = fingerprint(store)
+    unlock = ["--passphrase-file", str(vol.passfile)]
+    try:
+        if command == "mount":
+            result = mount(vol, *unlock, store=store)
+        else:
+            result = sealfs("status", str(store), *unlock)
+        err = one_line(result, DAMAGED)
+        assert f"{store} holds a volume header but no metadata" in err, err
+        assert "restore s/ and l/ from a backup" in err, err  # the fix
+        assert not vol.is_mounted()
+    finally:
+        vol.cleanup()
+    assert fingerprint(store) == before
+
+
 def test_kdf_memory_below_minimum_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
     target = tmp_path / "weak"
     result = sealfs(
