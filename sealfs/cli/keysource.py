@@ -54,6 +54,7 @@ from sealfs.keys.slots import (
     Unlocked,
     unlock,
 )
+from sealfs.store.url import is_local_url, local_path
 
 log = logging.getLogger("sealfs.cli")
 
@@ -274,15 +275,24 @@ def unlock_header(
                 unlocked = unlock(header_bytes, attempt())
             except (WrongKeyError, KeyUnavailableError) as exc:
                 if i == len(attempts) - 1:
-                    if first is None:
-                        raise
-                    raise type(exc)(f"{first}; then: {exc}") from None
+                    text = str(exc) if first is None else f"{first}; then: {exc}"
+                    raise type(exc)(f"volume at {_volume_named(args)}: {text}") from None
                 first = first or exc
                 continue
             if first is not None:  # said only now, so that a failure stays one line
                 log.warning("%s; unlocked with the passphrase instead", first)
             return unlocked
     raise AssertionError("unreachable")
+
+
+def _volume_named(args: argparse.Namespace) -> str:
+    """The store an unlock failed for, as its error names it.
+
+    "wrong passphrase" alone left a host that unlocks a volume per agent (one
+    log, one journal) to guess which; a local path is made absolute for that reader.
+    """
+    store: str = args.store
+    return str(local_path(store)) if is_local_url(store) else store
 
 
 # --- new slots for init, key add, key rotate

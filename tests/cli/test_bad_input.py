@@ -98,6 +98,32 @@ def test_wrong_recovery_key_file(vol: VolumeEnv, tmp_path: Path) -> None:
     assert "recovery key" in err
 
 
+@pytest.mark.parametrize(
+    "command", [["mount"], ["status"], ["key", "list"], ["key", "remove"], ["rekey"]]
+)
+@pytest.mark.parametrize("secret", ["passphrase", "recovery key"])
+def test_a_wrong_secret_names_the_volume(
+    vol: VolumeEnv, tmp_path: Path, command: list[str], secret: str
+) -> None:
+    """Regression: "wrong passphrase" said not of which volume: on a host that mounts a
+    volume per agent, or in a script that unlocks several, the reader had to guess."""
+    wrong = tmp_path / "wrong"
+    if secret == "passphrase":
+        write_secret(wrong, "not the passphrase\n")
+        unlock = ["--passphrase-file", str(wrong)]
+    else:
+        write_secret(wrong, format_recovery_key(os.urandom(32)) + "\n")
+        unlock = ["--recovery-key-file", str(wrong)]
+    if command == ["mount"]:
+        result = mount(vol, *unlock)
+    else:
+        slot = ["0"] if command == ["key", "remove"] else []
+        result = sealfs(*command, str(vol.store), *slot, *unlock)
+    err = one_line(result, WRONG_KEY)
+    assert f"volume at {vol.store}: wrong {secret}: no keyslot opens with it" in err, err
+    assert not vol.is_mounted()
+
+
 def test_recovery_key_typo_is_a_wrong_key_not_damage(vol: VolumeEnv, tmp_path: Path) -> None:
     """Regression: a mistyped recovery key exited 4 ("damaged volume") instead of 3."""
     text = vol.recovery_file.read_text().strip()
@@ -124,8 +150,8 @@ def test_recovery_key_format_error_quotes_nothing_of_the_file(
     result = sealfs("status", str(vol.store), "--recovery-key-file", str(secret))
     err = one_line(result, WRONG_KEY)
     assert err == (
-        f"sealfs: recovery key in {secret} is not in the recovery key format"
-        f" ({FORMAT_HINT}): check the file"
+        f"sealfs: volume at {vol.store}: recovery key in {secret} is not in the recovery key"
+        f" format ({FORMAT_HINT}): check the file"
     )
 
 

@@ -116,7 +116,8 @@ def test_denied_disabled_pending_one_line_nothing_changed(
             kms_admin.schedule_key_deletion(KeyId=key_id_of(key), PendingWindowInDays=7)
         for args in (("list",), ("remove", "0"), ("add", "recovery")):
             err = one_line(cli("key", args[0], str(env.store), *args[1:]), code)
-            assert err.startswith("sealfs: aws-kms keyslot 1: ") and needle in err, err
+            assert err.startswith(f"sealfs: volume at {env.store}: aws-kms keyslot 1: "), err
+            assert needle in err, err
         assert fingerprint(env.store) == before
         # The recovery key still opens the volume.
         assert used(listing(env, "--recovery-key-file", str(env.recovery_file))) == 0
