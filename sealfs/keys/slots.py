@@ -334,7 +334,10 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
                     "wrong passphrase: no keyslot opens with it (check the passphrase or its file,"
                     " or unlock with --recovery-key-file)"
                 )
-            raise WrongKeyError("wrong recovery key: no keyslot opens with it")
+            raise WrongKeyError(
+                "wrong recovery key: no keyslot opens with it (is it another volume's? check"
+                " the file, or unlock with --passphrase-file)"
+            )
     else:
         opened = _try_opener(header, secret)
     slot_id, master_key = opened

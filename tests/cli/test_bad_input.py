@@ -92,10 +92,13 @@ def test_wrong_passphrase(vol: VolumeEnv, tmp_path: Path) -> None:
 
 
 def test_wrong_recovery_key_file(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression (the fix): it said "wrong recovery key: no keyslot opens with it" and no
+    more, where the wrong passphrase's line names what to check and the other way in."""
     other = tmp_path / "other-key"
     write_secret(other, format_recovery_key(os.urandom(32)) + "\n")
     err = one_line(mount(vol, "--recovery-key-file", str(other)), WRONG_KEY)
-    assert "recovery key" in err
+    assert "wrong recovery key" in err
+    assert "another volume's" in err and "or unlock with --passphrase-file" in err, err
 
 
 @pytest.mark.parametrize(
