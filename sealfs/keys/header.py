@@ -36,6 +36,8 @@ MAX_WRAPPED_KEY_SIZE = 8192
 MAX_PARAMS_DEPTH = 4
 
 _PREFIX = struct.Struct(">8sHI")
+# What every error about a header that does not parse or verify names as its fix.
+_RESTORE = f"restore {HEADER_NAME} from a backup"
 MAX_HEADER_SIZE = _PREFIX.size + MAX_BODY_SIZE + MAC_SIZE  # the largest header a reader takes
 # Slot kinds are plain ASCII so that, in the keyslot AD, the kind bytes can
 # never run into the msgpack map that follows them (msgpack maps start >= 0x80).
@@ -151,10 +153,10 @@ def encode_header(header: VolumeHeader, header_mac_key: bytes) -> bytes:
 def _split(data: bytes) -> bytes:
     """Check the fixed prefix and sizes; return the msgpack body."""
     if len(data) < _PREFIX.size + MAC_SIZE:
-        raise FormatError(f"volume header is {len(data)} bytes, too short")
+        raise FormatError(f"volume header is {len(data)} bytes, too short: {_RESTORE}")
     magic, version, body_len = _PREFIX.unpack_from(data)
     if magic != MAGIC:
-        raise FormatError(f"{HEADER_NAME} is not a sealfs volume header (bad magic)")
+        raise FormatError(f"{HEADER_NAME} is not a sealfs volume header (bad magic): {_RESTORE}")
     if version != FORMAT_VERSION:
         raise UnsupportedVersionError(
             f"volume format version {version} is not supported by this build "
@@ -163,7 +165,7 @@ def _split(data: bytes) -> bytes:
     if body_len > MAX_BODY_SIZE or len(data) != _PREFIX.size + body_len + MAC_SIZE:
         raise FormatError(
             f"volume header is damaged (its length does not match its body length {body_len}):"
-            " restore sealfs.vol from a backup"
+            f" {_RESTORE}"
         )
     return data[_PREFIX.size : _PREFIX.size + body_len]
 
@@ -174,13 +176,13 @@ def _unpack(body: bytes) -> Any:
         return msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
     except (ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise FormatError(
-            f"volume header body is not valid msgpack ({type(exc).__name__})"
+            f"volume header body is not valid msgpack ({type(exc).__name__}): {_RESTORE}"
         ) from None
 
 
 def _require(cond: bool, what: str) -> None:
     if not cond:
-        raise FormatError(f"volume header: {what}")
+        raise FormatError(f"volume header: {what}: {_RESTORE}")
 
 
 def _is_int(value: object, low: int, high: int) -> bool:
@@ -273,12 +275,10 @@ def decode_header(data: bytes) -> VolumeHeader:
 def verify_header_mac(data: bytes, header_mac_key: bytes) -> None:
     """Raise IntegrityError unless the trailing MAC matches (FormatError if too short)."""
     if len(data) < _PREFIX.size + MAC_SIZE:
-        raise FormatError(f"volume header is {len(data)} bytes, too short")
+        raise FormatError(f"volume header is {len(data)} bytes, too short: {_RESTORE}")
     mac = hmac.HMAC(header_mac_key, hashes.SHA256())
     mac.update(data[:-MAC_SIZE])
     try:
         mac.verify(bytes(data[-MAC_SIZE:]))
     except InvalidSignature:
-        raise IntegrityError(
-            f"volume header was modified (MAC mismatch): restore {HEADER_NAME} from a backup"
-        ) from None
+        raise IntegrityError(f"volume header was modified (MAC mismatch): {_RESTORE}") from None

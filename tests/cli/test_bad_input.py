@@ -612,6 +612,30 @@ def test_a_header_without_metadata_is_refused(vol: VolumeEnv, tmp_path: Path, co
     assert fingerprint(store) == before
 
 
+@pytest.mark.parametrize("damage", ["empty", "10 bytes", "zeroed", "body not msgpack"])
+def test_a_damaged_header_names_the_fix(vol: VolumeEnv, tmp_path: Path, damage: str) -> None:
+    """Regression: "volume header is 10 bytes, too short", "sealfs.vol is not a sealfs
+    volume header (bad magic)" and the like named no fix, where a header of the wrong
+    length said to restore sealfs.vol from a backup."""
+    store = tmp_path / "store"
+    shutil.copytree(vol.store, store)
+    header = (store / "sealfs.vol").read_bytes()
+    body_end = len(header) - 32  # docs/format.md section 5: prefix, body, 32-byte MAC
+    (store / "sealfs.vol").write_bytes(
+        {
+            "empty": b"",
+            "10 bytes": header[:10],
+            "zeroed": bytes(len(header)),
+            "body not msgpack": header[:14] + b"\xc1" * (body_end - 14) + header[body_end:],
+        }[damage]
+    )
+    before = fingerprint(store)
+    for command in (["status"], ["key", "list"]):
+        result = sealfs(*command, str(store), "--passphrase-file", str(vol.passfile))
+        assert "restore sealfs.vol from a backup" in one_line(result, DAMAGED)
+    assert fingerprint(store) == before
+
+
 def test_kdf_memory_below_minimum_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
     target = tmp_path / "weak"
     result = sealfs(
