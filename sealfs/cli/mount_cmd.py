@@ -39,6 +39,7 @@ from sealfs.fuse.mount import (
     hold_ending_signals,
     is_mounted,
     prepare,
+    sealfs_mount_above,
     sealfs_mount_owner,
     serve,
 )
@@ -414,12 +415,19 @@ def commit_mount(mnt: str) -> None:
         os.close(fd)
 
 
-def live_status(mnt: str) -> dict[str, object] | None:
+def live_status(mnt: str, command: str) -> dict[str, object] | None:
     """The status of the sealfs mount on mnt, or None if its daemon has died.
 
-    Raises ConfigError if nothing is mounted there or the mount is not sealfs.
+    Raises ConfigError if nothing is mounted there or the mount is not sealfs. A
+    directory of a sealfs mount (`sealfs sync .` run in one) is told the mountpoint
+    to give the command: "is not mounted" read as if the volume were not.
     """
     if not is_mounted(mnt):
+        above = sealfs_mount_above(mnt)
+        if above is not None:
+            raise ConfigError(
+                f"{mnt} is inside the sealfs mount {above}: run 'sealfs {command} {above}'"
+            )
         raise ConfigError(f"{mnt} is not mounted")
     return mounted_status(mnt)
 
@@ -451,7 +459,7 @@ def _user_name(uid: int) -> str:
 
 def run_sync(args: argparse.Namespace) -> int:
     mnt = os.path.realpath(args.mountpoint)  # as the mount table holds it
-    status = live_status(mnt)
+    status = live_status(mnt, "sync")
     if status is None:
         error_line(f"the daemon of {mnt} has died: run 'sealfs umount {mnt}'")
         return FAILURE
@@ -512,7 +520,7 @@ def daemon_log_file(status: dict[str, object]) -> str | None:
 def run_umount(args: argparse.Namespace) -> int:
     mnt = os.path.realpath(args.mountpoint)  # as the mount table holds it
     seconds(args.timeout, "--timeout", zero=True)
-    status = live_status(mnt)
+    status = live_status(mnt, "umount")
     if status is None:
         _fusermount(mnt, lazy=True)
         error_line(

@@ -556,6 +556,24 @@ def test_busy_mountpoint_and_second_writer(volume_env: VolumeEnv, tmp_path: Path
 
 
 @pytest.mark.fuse
+def test_sync_and_umount_inside_a_mount_name_its_mountpoint(volume_env: VolumeEnv) -> None:
+    """Regression: `sealfs sync .` (or umount) run from a directory of the mount said the
+    directory "is not mounted", as if the volume were not, where status named the
+    mountpoint to give instead."""
+    env = volume_env
+    env.mount()
+    try:
+        (env.mnt / "work").mkdir()
+        for command in ("sync", "umount"):
+            err = one_line(sealfs(command, str(env.mnt / "work")), USAGE)
+            expected = f"{env.mnt}/work is inside the sealfs mount {env.mnt}"
+            assert f"{expected}: run 'sealfs {command} {env.mnt}'" in err, err
+        assert env.is_mounted()
+    finally:
+        env.umount()
+
+
+@pytest.mark.fuse
 def test_too_few_file_descriptors_names_the_limit_to_raise(volume_env: VolumeEnv) -> None:
     """Regression: it said only "daemon failed: [Errno 24] Too many open files"."""
     env = volume_env
