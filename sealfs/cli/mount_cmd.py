@@ -38,6 +38,7 @@ from sealfs.fuse.mount import (
     fusermount,
     hold_ending_signals,
     is_mounted,
+    mount_kind,
     prepare,
     sealfs_mount_above,
     sealfs_mount_owner,
@@ -446,6 +447,14 @@ def mounted_status(mnt: str) -> dict[str, object] | None:
             raise ConfigError(
                 f"{mnt} is a sealfs mount of {_user_name(owner)}, which only that user can"
                 " reach (it was mounted without --allow-other): run this command as that user"
+            ) from None
+        kind = mount_kind(mnt)
+        if kind is not None and kind != "fuse.sealfs":
+            # Said "is not a sealfs mount: No data available", the errno of the missing
+            # status attribute: what is mounted there, and what to give, say more.
+            raise ConfigError(
+                f"{mnt} is a {kind} mount, not a sealfs mount: give the mountpoint of a"
+                " sealfs mount"
             ) from None
         raise ConfigError(f"{mnt} is not a sealfs mount: {exc.strerror}") from None
 

@@ -282,6 +282,13 @@ def _topmost(mountpoint: str) -> MountEntry | None:
     return on_it[-1] if on_it else None  # the table lists a mount after those it covers
 
 
+def mount_kind(mountpoint: str) -> str | None:
+    """The file system type of the topmost mount on mountpoint ("tmpfs", "fuse.sealfs"),
+    or None if nothing is mounted there."""
+    top = _topmost(mountpoint)
+    return None if top is None else top.kind
+
+
 def _is_sealfs_mount(mountpoint: str) -> bool:
     """Whether the topmost mount on mountpoint is one that sealfs made (see prepare())."""
     top = _topmost(mountpoint)

@@ -368,12 +368,18 @@ def test_a_second_sigterm_during_the_final_commit_does_not_kill_it(
 
 
 def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
-    """Regression: `sealfs sync` on another file system's mount returned 0, silently."""
+    """Regression: `sealfs sync` on another file system's mount returned 0, silently;
+    then it, umount and status said "is not a sealfs mount: No data available" (the
+    errno of a missing extended attribute), naming neither the mount nor the fix."""
     target = tmp_path / "tmpfs"
     target.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=True)
     try:
-        assert "is not a sealfs mount" in one_line(sealfs("sync", str(target)), USAGE)
+        for command in ("sync", "umount", "status"):
+            err = one_line(sealfs(command, str(target)), USAGE)
+            assert f"{target} is a tmpfs mount, not a sealfs mount:" in err, err
+            assert "give the mountpoint of a sealfs mount" in err, err
+        assert os.path.ismount(target)
     finally:
         subprocess.run(["umount", str(target)], check=True)
 
