@@ -251,7 +251,10 @@ def write_new_secret_file(path: str, text: str) -> None:
             f"{path} already exists: choose a new file for the recovery key"
         ) from None
     except OSError as exc:
-        raise ConfigError(f"cannot create {path}: {exc.strerror}") from None
+        raise ConfigError(
+            f"cannot create recovery key file {path}: {exc.strerror}: choose a new file for"
+            " the recovery key, in a directory that exists and that you may write"
+        ) from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text + "\n")

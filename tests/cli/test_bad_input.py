@@ -250,6 +250,31 @@ def test_a_recovery_key_file_inside_the_store_is_refused(vol: VolumeEnv, tmp_pat
     assert fingerprint(vol.store) == before
 
 
+@pytest.mark.parametrize("command", ["init", "key add"])
+def test_a_recovery_key_file_that_cannot_be_made_is_named_with_the_fix(
+    vol: VolumeEnv, tmp_path: Path, command: str
+) -> None:
+    """Regression: "cannot create /x/rk.txt: No such file or directory" said neither that
+    the file was the recovery key's nor what to do, where an existing file's refusal did."""
+    target = tmp_path / "no-such-dir" / "rk.txt"
+    fresh = tmp_path / "fresh"
+    if command == "init":
+        result = sealfs(
+            "init", str(fresh), "--passphrase-file", str(vol.passfile), *CHEAP_KDF,
+            "--recovery-key-file", str(target),
+        )  # fmt: skip
+    else:
+        result = sealfs(
+            "key", "add", str(vol.store), "recovery", "--passphrase-file", str(vol.passfile),
+            "--new-recovery-key-file", str(target),
+        )  # fmt: skip
+    err = one_line(result, USAGE)
+    assert f"cannot create recovery key file {target}: No such file or directory" in err, err
+    assert "choose a new file for the recovery key" in err, err
+    assert not target.parent.exists()
+    assert not fresh.exists() or list(fresh.iterdir()) == []
+
+
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 def test_output_into_a_closed_pipe_ends_quietly(vol: VolumeEnv, buffered: bool) -> None:
     """Regression: `sealfs status STORE --json | head -1` printed "sealfs: Broken pipe".
