@@ -200,7 +200,11 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
                 try:
                     logged = decode_segment(ring, volume_id, gen, sealed)
                 except (IntegrityError, FormatError) as exc:
-                    raise type(exc)(f"log segment {name} is damaged: {exc}") from None
+                    # The fix a gap or a broken chain names: the log before name is whole.
+                    fix = "" if isinstance(exc, UnsupportedVersionError) else _log_fix(name, state)
+                    raise type(exc)(
+                        f"log segment {name} is damaged: {exc}{f'; {fix}' if fix else ''}"
+                    ) from None
                 try:
                     replay_segment(state, logged)
                 except IntegrityError as exc:

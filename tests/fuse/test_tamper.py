@@ -190,9 +190,14 @@ def refused_mount(env: VolumeEnv, code: int | None = 4) -> str:
 
 
 def test_tampered_segment_refuses_mount_naming_the_segment(env: VolumeEnv) -> None:
+    """Regression (the fix): the line ended at "data was modified or the key is wrong",
+    where a gap or a broken chain in the log names what to restore or move out."""
     flip_byte(env.store / "l" / "0000000000000002")
     err = refused_mount(env)
     assert "segment 2" in err or "0000000000000002" in err, err
+    assert "restore the store from a complete copy" in err, err
+    assert "move l/0000000000000002 and the segments after it out" in err, err
+    assert "to mount generation 1" in err, err
 
 
 def test_missing_middle_segment_refuses_mount(env: VolumeEnv) -> None:
