@@ -37,6 +37,7 @@ from sealfs.cli.secrets import (
     passphrase_source,
     prompt_secret,
     read_secret_file,
+    secret_origin,
     secret_source,
 )
 from sealfs.errors import ConfigError, KeyUnavailableError, WrongKeyError
@@ -162,9 +163,10 @@ def has_pin_source(args: argparse.Namespace) -> bool:
 
 def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
     """The token PIN: --pkcs11-pin-file, SEALFS_PKCS11_PIN_FILE, the credential, or a prompt."""
-    source = secret_source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL)
+    explicit = getattr(args, "pkcs11_pin_file", None)
+    source = secret_source(explicit, PIN_ENV, PIN_CREDENTIAL)
     if source is not None:
-        return Pin(read_secret_file(source, "PKCS#11 PIN"))
+        return Pin(read_secret_file(source, "PKCS#11 PIN", secret_origin(explicit, PIN_ENV)))
     if not sys.stdin.isatty():
         raise ConfigError(
             f"no PKCS#11 PIN: give --pkcs11-pin-file FILE, set {PIN_ENV}=FILE,"

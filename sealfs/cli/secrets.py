@@ -5,6 +5,7 @@ systemd's credentials directory, or a terminal prompt. Never argv, never logs.
 from __future__ import annotations
 
 import contextlib
+import errno
 import locale
 import logging
 import os
@@ -31,6 +32,19 @@ MIN_NEW_PASSPHRASE_CHARS = 8
 MAX_SECRET_FILE_BYTES = 64 * 1024
 
 
+def _cannot_read(what: str, where: str, exc: OSError) -> ConfigError:
+    """Could not open or read a secret's file: the errno, and its fix where it has one
+    (a path that does not exist said only "No such file or directory")."""
+    fix = {
+        errno.ENOENT: "check the path",
+        errno.ENOTDIR: "check the path",
+        errno.EACCES: f"make it readable by this user (uid {os.geteuid()})",
+    }.get(exc.errno or 0)
+    return ConfigError(
+        f"cannot read {what} file {where}: {exc.strerror}{f': {fix}' if fix else ''}"
+    )
+
+
 def _not_regular(path: str | Path, what: str) -> ConfigError:
     return ConfigError(
         f"{what} file {path} is not a regular file (a pipe, device or directory):"
@@ -38,7 +52,7 @@ def _not_regular(path: str | Path, what: str) -> ConfigError:
     )
 
 
-def _open_regular_file(path: str | Path, what: str) -> int:
+def _open_regular_file(path: str | Path, what: str, origin: str) -> int:
     """A read-only descriptor of path, which must be a regular file. Raises ConfigError.
 
     A device such as /dev/zero never ends, and opening a FIFO blocks until
@@ -47,14 +61,14 @@ def _open_regular_file(path: str | Path, what: str) -> int:
     """
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise _not_regular(path, what)
+            raise _not_regular(f"{path}{origin}", what)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
+        raise _cannot_read(what, f"{path}{origin}", exc) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _not_regular(path, what)
+        raise _not_regular(f"{path}{origin}", what)
     if st.st_mode & stat.S_IROTH:
         # A warning, not a refusal: refusing would stop mounts that worked until now, at
         # boot. But every local user can read the secret that opens the volume.
@@ -65,35 +79,36 @@ def _open_regular_file(path: str | Path, what: str) -> int:
     return fd
 
 
-def _read_bounded(path: str | Path, what: str) -> bytes:
+def _read_bounded(path: str | Path, what: str, origin: str) -> bytes:
     """The bytes of a regular file of at most MAX_SECRET_FILE_BYTES. Raises ConfigError."""
-    fd = _open_regular_file(path, what)
+    fd = _open_regular_file(path, what, origin)
     try:
         with open(fd, "rb") as f:
             data = f.read(MAX_SECRET_FILE_BYTES + 1)  # one more: tells "too large" from "full"
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from None
+        raise _cannot_read(what, f"{path}{origin}", exc) from None
     if len(data) > MAX_SECRET_FILE_BYTES:
         raise ConfigError(
-            f"{what} file {path} is larger than {MAX_SECRET_FILE_BYTES // 1024} KiB:"
+            f"{what} file {path}{origin} is larger than {MAX_SECRET_FILE_BYTES // 1024} KiB:"
             f" give a file that holds only the {what}"
         )
     return data
 
 
-def read_secret_file(path: str | Path, what: str) -> bytes:
+def read_secret_file(path: str | Path, what: str, origin: str = "") -> bytes:
     """The file's bytes without one trailing newline. Raises ConfigError.
 
     Every secret the CLI reads from a file (passphrases, recovery keys, PINs)
-    comes through here, so each is bounded and must be a regular file.
+    comes through here, so each is bounded and must be a regular file. origin
+    follows the path in errors (see secret_origin).
     """
-    data = _read_bounded(path, what)
+    data = _read_bounded(path, what, origin)
     if data.endswith(b"\r\n"):
         data = data[:-2]
     elif data.endswith(b"\n"):
         data = data[:-1]
     if not data:
-        raise ConfigError(f"{what} file {path} is empty")
+        raise ConfigError(f"{what} file {path}{origin} is empty")
     return data
 
 
@@ -114,6 +129,14 @@ def secret_source(explicit: str | None, env: str, credential: str) -> str | None
     if creds and os.path.lexists(Path(creds) / credential):
         return str(Path(creds) / credential)
     return None
+
+
+def secret_origin(explicit: str | None, env: str) -> str:
+    """Words that say where secret_source found the path, for its errors: " (named by
+    VARIABLE)" when the environment gave it (a unit's Environment=, a profile), which
+    the command line shows nothing of; "" for the option and the credential, whose
+    paths say where they came from."""
+    return f" (named by {env})" if not explicit and os.environ.get(env) else ""
 
 
 def passphrase_source(explicit_file: str | None) -> str | None:
@@ -158,7 +181,9 @@ def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> 
     )
     source = secret_source(explicit_file, env, credential)
     if source is not None:
-        return normalize_passphrase(read_secret_file(source, what))
+        return normalize_passphrase(
+            read_secret_file(source, what, secret_origin(explicit_file, env))
+        )
     if not sys.stdin.isatty():
         raise _no_secret(what, flag, env, credential)
     prompt = what.capitalize()

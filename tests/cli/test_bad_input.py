@@ -760,6 +760,31 @@ def test_secret_file_must_be_a_small_regular_file(
     assert f"file {path} is {words}" in err, err
 
 
+@pytest.mark.parametrize("given_by", ["option", "variable", "new passphrase variable"])
+def test_a_missing_secret_file_names_where_its_path_came_from(
+    vol: VolumeEnv, tmp_path: Path, given_by: str
+) -> None:
+    """Regression: "cannot read passphrase file /x: No such file or directory" named no
+    fix, and a path set in the environment (a unit's Environment=), not on the command
+    line, left the reader to find where it came from."""
+    missing = tmp_path / "typo"
+    env = clean_env()
+    if given_by == "option":
+        args, named = ["status", str(vol.store), "--passphrase-file", str(missing)], ""
+    elif given_by == "variable":
+        env["SEALFS_PASSPHRASE_FILE"] = str(missing)
+        args, named = ["status", str(vol.store)], " (named by SEALFS_PASSPHRASE_FILE)"
+    else:
+        env["SEALFS_NEW_PASSPHRASE_FILE"] = str(missing)
+        args = ["key", "passwd", str(vol.store), "0", "--passphrase-file", str(vol.passfile)]
+        named = " (named by SEALFS_NEW_PASSPHRASE_FILE)"
+    what = "new passphrase" if given_by.startswith("new") else "passphrase"
+    err = one_line(sealfs(*args, env=env), USAGE)
+    assert err.endswith(
+        f"cannot read {what} file {missing}{named}: No such file or directory: check the path"
+    ), err
+
+
 def test_no_passphrase_source_and_no_terminal(vol: VolumeEnv, tmp_path: Path) -> None:
     err = one_line(mount(vol, env=clean_env()), USAGE)  # stdin is /dev/null
     assert "--passphrase-file" in err
