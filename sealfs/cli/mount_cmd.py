@@ -397,7 +397,10 @@ def _log_path(given: str | None, mountpoint: str) -> tuple[str, bool]:
             os.close(os.open(path, flags | os.O_CREAT, 0o600))
             return path, False
     except OSError as exc:
-        raise ConfigError(f"cannot open log file {path}: {exc.strerror}") from None
+        raise ConfigError(
+            f"cannot open log file {path}: {exc.strerror}: choose another file with"
+            " --log-file, or mount with --foreground"
+        ) from None
     return path, True
 
 

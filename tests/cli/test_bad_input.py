@@ -423,6 +423,17 @@ def test_log_file_that_cannot_serve_is_refused_before_mounting(
     assert not os.path.ismount(vol.mnt) and not log.exists()
 
 
+def test_a_log_file_that_cannot_be_opened_names_the_fix(vol: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: "cannot open log file /x: Is a directory" (or "No such file or
+    directory") named no fix."""
+    for log, why in ((tmp_path, "Is a directory"), (tmp_path / "gone" / "log", "No such file")):
+        result = mount(vol, "--passphrase-file", str(vol.passfile), "--log-file", str(log))
+        err = one_line(result, USAGE)
+        assert f"cannot open log file {log}: {why}" in err, err
+        assert "choose another file with --log-file, or mount with --foreground" in err, err
+        assert not os.path.ismount(vol.mnt)
+
+
 def test_mountpoint_inside_the_store_is_refused(vol: VolumeEnv) -> None:
     """Regression: it mounted, and the plaintext view lay inside the store's directory,
     where a backup or rsync of the store copied it."""
