@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
@@ -25,7 +28,13 @@ from sealfs.keys.kdf import (
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
 from sealfs.keys.slots import RecoveryKey, unlock
 from sealfs.store.base import ObjectStore
-from sealfs.store.url import check_local_directory, is_s3_url, open_store
+from sealfs.store.url import (
+    check_local_directory,
+    is_local_url,
+    is_s3_url,
+    local_path,
+    open_store,
+)
 from sealfs.volume.loader import create_volume, read_header
 
 
@@ -106,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     check_local_directory(args.store, existing=False)
     check_key_file_outside_store(args.recovery_key_file, args.store)
     check_recovery_key_shown(args.recovery_key_file, "--recovery-key-file")
+    with _made_dirs_removed_on_failure(args.store):
+        return _create(args)
+
+
+def _create(args: argparse.Namespace) -> int:
     store = open_store(
         args.store,
         s3_endpoint=args.s3_endpoint,
@@ -138,6 +152,34 @@ def run(args: argparse.Namespace) -> int:
         print("\nRecovery key (shown once; store it apart from the volume, it opens the volume):")
         print(f"\n    {text}\n", file=sys.stdout)
     return 0
+
+
+@contextlib.contextmanager
+def _made_dirs_removed_on_failure(url: str) -> Iterator[None]:
+    """Remove the empty directories init made for a local store, if it fails.
+
+    On a full disk init said "free space and retry", and left the store directory
+    (with an empty l/) and the parents it had made for it: a path nobody asked for
+    if the retry goes elsewhere. Only directories that did not exist before and are
+    empty go; anything written in them (a header whose write may have landed) stays.
+    """
+    top = _highest_missing(local_path(url)) if is_local_url(url) else None
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            for directory, _, _ in os.walk(top, topdown=False):
+                with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+                    os.rmdir(directory)
+        raise
+
+
+def _highest_missing(path: Path) -> Path | None:
+    """The topmost directory of path that does not exist yet; None if path exists."""
+    top = None
+    while not os.path.lexists(path) and path != path.parent:
+        top, path = path, path.parent
+    return top
 
 
 def recovery_slot_stored(store: ObjectStore, recovery: bytes) -> bool:

@@ -8,6 +8,7 @@ nothing is written to the store when a command fails; exit codes 2 (usage),
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import resource
@@ -25,6 +26,7 @@ import pytest
 from sealfs.keys.recovery import FORMAT_HINT, format_recovery_key
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 from tests.s3.server import FAKE_ENV
+from tests.store.conftest import mounted_tmpfs
 
 USAGE, WRONG_KEY, DAMAGED, BUSY = 2, 3, 4, 5
 
@@ -210,6 +212,29 @@ def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
     assert "already" in err
     # README: every error names the fix, not the problem alone.
     assert "sealfs mount" in err and "empty directory" in err, err
+
+
+def test_init_that_fails_on_a_full_disk_leaves_no_directory_it_made(
+    vol: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: init on a full disk said "free space and retry" but left the store
+    directory it had made, and its l/, and the parents it had made for it."""
+    with mounted_tmpfs(tmp_path / "disk", "64k") as disk:
+        (disk / "kept").mkdir()  # there before: stays
+        ballast = disk / "ballast"
+        with contextlib.suppress(OSError), open(ballast, "wb", buffering=0) as f:
+            while f.write(bytes(4096)):
+                pass
+        for target in (disk / "vol", disk / "new" / "parent" / "vol", disk / "kept" / "vol"):
+            result = sealfs("init", str(target), "--passphrase-file", str(vol.passfile),
+                            *CHEAP_KDF)  # fmt: skip
+            assert "store disk full" in one_line(result, 1)
+            assert sorted(p.name for p in disk.iterdir()) == ["ballast", "kept"], target
+            assert list((disk / "kept").iterdir()) == []
+        ballast.unlink()
+        result = sealfs("init", str(disk / "vol"), "--passphrase-file", str(vol.passfile),
+                        *CHEAP_KDF)  # fmt: skip
+        assert result.returncode == 0, result.stderr
 
 
 def test_init_into_a_non_empty_directory_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
