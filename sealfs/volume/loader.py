@@ -248,6 +248,8 @@ def _log_fix(name: str, state: MetaState) -> str:
     swapped a segment. Either way the generations before name are whole, and
     they mount once the segments from name on are gone.
     """
+    if state.generation == 0:  # nothing before it: without its segments, no root
+        return "restore the store from a complete copy"
     return (
         f"restore the store from a complete copy, or move {name} and the segments after it"
         f" out of the store to mount generation {state.generation} (what they hold is lost)"

@@ -120,6 +120,23 @@ async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
     assert load_unlocked(volume_store, unlocked).live.generation == kept
 
 
+def test_a_damaged_first_segment_names_a_restore_not_generation_0(
+    volume_store: ObjectStore,
+) -> None:
+    # Moving l/1 and the rest out left generation 0, which has no root directory and
+    # which the loader refuses: the one way out is a copy of the store.
+    (first,) = volume_store.list(SEGMENT_PREFIX)
+    sealed = bytearray(volume_store.get(first))
+    sealed[len(sealed) // 2] ^= 1
+    volume_store.put(first, bytes(sealed))
+    unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))
+    with pytest.raises(IntegrityError) as info:
+        load_unlocked(volume_store, unlocked)
+    assert f"log segment {first} is damaged" in str(info.value)
+    assert "restore the store from a complete copy" in str(info.value)
+    assert "generation 0" not in str(info.value)
+
+
 def test_a_log_chained_by_sealed_bytes_is_refused_as_an_older_format(
     volume_store: ObjectStore,
 ) -> None:
