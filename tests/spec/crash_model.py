@@ -10,8 +10,11 @@ stops at its first error. The test replays the journal through the same model.
 The model knows nothing of sealfs: it is plain POSIX semantics of the calls the
 workload makes (one kernel request each, except that the kernel may cut a long
 write into several), so a bug shared by sealfs' writer and its replay cannot hide
-in it. Run as `python -m tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT STREAM_WEIGHT
-[BASE]`.
+in it. Every record carries the CLOCK_MONOTONIC time around its call, which one
+host's processes share, so the journals of workloads running side by side order
+their ops in real time (tests/spec/test_crash_oracle_writers.py). Run as `python -m
+tests.spec.crash_model MOUNT JOURNAL SEED OPS FSYNC_WEIGHT STREAM_WEIGHT [BASE|-
+[PREFIX]]`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import random
 import stat
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +90,12 @@ def write_into(data: bytes | bytearray, off: int, buf: bytes) -> bytearray:
 
 
 class Model:
-    """The tree as a map of absolute paths (root excluded) to inode numbers."""
+    """The tree as a map of absolute paths (root excluded) to inode numbers; every name
+    the workload makes starts with prefix, so that workloads sharing a directory each
+    have names of their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
         self.paths: dict[str, int] = {}
         self.nodes: dict[int, MNode] = {}
         self.next_id = 1
@@ -239,7 +246,7 @@ class Model:
             parent = rng.choice(self.dirs())
             if parent.count("/") >= 3:
                 continue
-            path = posixpath.join(parent, rng.choice(NAMES))
+            path = posixpath.join(parent, (self.prefix + rng.choice(NAMES))[:255])
             if path not in self.paths:
                 return path
         return None
@@ -267,14 +274,15 @@ class Model:
             return {"op": "write", "path": mapped, "off": off, "seed": rng.randrange(1 << 30),
                     "len": rng.randrange(1, room + 1), "mmap": True}  # fmt: skip
         if kind == "stream":
-            if "/big" not in self.paths:
-                return {"op": "create", "path": "/big", "perm": 0o644}
-            if self.node("/big").kind != "f":
+            big = f"/{self.prefix}big"
+            if big not in self.paths:
+                return {"op": "create", "path": big, "perm": 0o644}
+            if self.node(big).kind != "f":
                 return None
-            size = len(self.node("/big").data)
+            size = len(self.node(big).data)
             if size > 64 << 20:
-                return {"op": "truncate", "path": "/big", "size": 0}
-            return {"op": "append", "path": "/big", "off": size, "seed": rng.randrange(1 << 30),
+                return {"op": "truncate", "path": big, "size": 0}
+            return {"op": "append", "path": big, "off": size, "seed": rng.randrange(1 << 30),
                     "len": 8 << 20, "sync": False}  # fmt: skip
         if kind == "open" and files and len(self.fds) < 3:
             slot = min(set(range(3)) - set(self.fds))
@@ -492,29 +500,42 @@ def is_barrier(op: dict[str, Any], sync_on_close: bool = False) -> bool:
     return op["op"] in ("fsync", "fdsync") or bool(op.get("sync") or op.get("mmap"))
 
 
-def read_journal(
-    path: str, sync_on_close: bool = False
-) -> tuple[list[dict[str, Any]], int, list[tuple[int, str]]]:
-    """(every op begun, in order; how many ops the last completed barrier covers; the
-    errors the workload met)."""
-    ops: list[dict[str, Any]] = []
-    barrier = 0
-    errors = []
+@dataclass
+class Journal:
+    """What one workload's journal says, its times in CLOCK_MONOTONIC nanoseconds."""
+
+    ops: list[dict[str, Any]]  # every op begun, in order
+    barrier: int  # how many ops the last completed barrier covers
+    errors: list[tuple[int, str]]  # the errors the workload met
+    began: list[int]  # per op begun: a time before its call
+    ended: list[int]  # per op that returned: a time after
+    synced: list[int]  # per barrier that returned (the Syncer's too): a time before its call
+
+
+def read_journal(path: str, sync_on_close: bool = False) -> Journal:
+    """The journal a workload wrote at path."""
+    journal = Journal([], 0, [], [], [], [])
     with open(path) as f:
         for line in f:
             if not line.endswith("\n"):
                 break  # the workload outlives the daemon, so this never happens
             rec = json.loads(line)
             if "begin" in rec:
-                assert rec["i"] == len(ops)
-                ops.append(rec["begin"])
-            elif "end" in rec and is_barrier(ops[rec["i"]], sync_on_close):
-                barrier = rec["i"] + 1
+                assert rec["i"] == len(journal.ops)
+                journal.ops.append(rec["begin"])
+                journal.began.append(rec["t"])
+            elif "end" in rec:
+                assert rec["i"] == len(journal.ended)
+                journal.ended.append(rec["t"])
+                if is_barrier(journal.ops[rec["i"]], sync_on_close):
+                    journal.barrier = rec["i"] + 1
+                    journal.synced.append(journal.began[rec["i"]])
             elif "covers" in rec:
-                barrier = max(barrier, rec["covers"])
+                journal.barrier = max(journal.barrier, rec["covers"])
+                journal.synced.append(rec["t"])
             elif "error" in rec:
-                errors.append((rec["errno"], rec["error"]))
-    return ops, barrier, errors
+                journal.errors.append((rec["errno"], rec["error"]))
+    return journal
 
 
 class Syncer(threading.Thread):
@@ -533,11 +554,12 @@ class Syncer(threading.Thread):
         try:
             while not self.stopping.is_set():
                 covered = self.progress[0]
+                began = time.monotonic_ns()
                 try:
                     os.fsync(fd)
                 except OSError:
                     return  # the daemon died: the ops' thread stops at its own error
-                self.log({"covers": covered}, sync=True)
+                self.log({"covers": covered, "t": began}, sync=True)
                 self.stopping.wait(self.rng.uniform(0.0, 0.03))
         finally:
             with contextlib.suppress(OSError):
@@ -545,17 +567,25 @@ class Syncer(threading.Thread):
 
 
 def run(
-    mnt: str, journal: str, seed: int, count: int, fsyncs: int, stream: int, base: str | None
+    mnt: str,
+    journal: str,
+    seed: int,
+    count: int,
+    fsyncs: int,
+    stream: int,
+    base: str | None,
+    prefix: str = "",
 ) -> None:
     """Make count random ops; stop at the first error (the daemon was killed). base
     names a JSON file of the ops that made the tree the workload starts from (the
     state an earlier crash left), if it is not empty. With few fsyncs among the ops, a
-    Syncer thread fsyncs beside them."""
+    Syncer thread fsyncs beside them. Every name made starts with prefix."""
     os.umask(0)
     rng = random.Random(seed)
-    model = Model()
+    model = Model(prefix)
     if base is None:
-        assert not os.listdir(mnt), "the workload starts from an empty volume"
+        ours = [name for name in os.listdir(mnt) if name.startswith(prefix)]
+        assert not ours, "the workload starts from an empty volume"
     else:
         with open(base) as f:
             for op in json.load(f):
@@ -582,15 +612,16 @@ def run(
                 op = model.choose(rng, fsyncs, stream)
                 if op is None:
                     continue
-                log({"i": done, "begin": op})
+                log({"i": done, "begin": op, "t": time.monotonic_ns()})
                 try:
                     perform(mnt, op, fds)
                 except OSError as exc:
                     log({"i": done, "error": f"{exc!r}", "errno": exc.errno}, sync=True)
                     print("stopped", flush=True)
                     return
+                returned = time.monotonic_ns()
                 model.apply(op)
-                log({"i": done, "end": True}, sync=is_barrier(op))
+                log({"i": done, "end": True, "t": returned}, sync=is_barrier(op))
                 progress[0] = done + 1
         finally:
             if syncer:
@@ -607,5 +638,6 @@ def kind_of(mode: int) -> str:
 
 if __name__ == "__main__":
     mnt_, journal_, seed_, count_, fsyncs_, stream_ = sys.argv[1:7]
-    run(mnt_, journal_, int(seed_), int(count_), int(fsyncs_), int(stream_),
-        sys.argv[7] if len(sys.argv) > 7 else None)  # fmt: skip
+    base_ = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] != "-" else None
+    run(mnt_, journal_, int(seed_), int(count_), int(fsyncs_), int(stream_), base_,
+        sys.argv[8] if len(sys.argv) > 8 else "")  # fmt: skip

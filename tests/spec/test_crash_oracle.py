@@ -304,7 +304,8 @@ def check_crash(
         stopped = crash(env, proc)
         if disk:
             disk.remount()
-        new, barrier, errors = crash_model.read_journal(str(journal), on_close)
+        journal_read = crash_model.read_journal(str(journal), on_close)
+        new, barrier, errors = journal_read.ops, journal_read.barrier, journal_read.errors
         # What a dead daemon makes every call fail with (a write cut short: EIO, from
         # the workload); a power cut may come first: the mount turns read-only.
         allowed = {errno.ECONNABORTED, errno.ENOTCONN, errno.EIO}
@@ -348,51 +349,72 @@ def check_crash(
         )
         log.append(f"{where}: prefixes {verdict.prefixes[:1]}..{verdict.prefixes[-1:]}"
                    f" cut {verdict.cut}")  # fmt: skip
+        check_sealfs_agrees(env, before, where, rng, extra, store, copy_store)
 
-        # sealfs must show the same tree, read-only (no recovery commit) ...
-        env.mount("--read-only", *extra)
-        try:
-            shown = mount_tree(env.mnt)
-        finally:
-            env.umount()
-        assert sorted(shown) == sorted(before.tree), f"{where}: the mount shows other paths"
-        for path, node in shown.items():
-            assert node == before.tree[path], f"{where}: {path}: mount {node}, reader" + str(
-                before.tree[path])  # fmt: skip
-        # ... and read-write, whose recovery commit (writer claim, orphans deleted) and
-        # clean unmount must change nothing the reader sees, even when the daemon is
-        # killed during that unmount (its final commit, the snapshot it may write).
-        env.mount(*extra)
-        unmounting = subprocess.Popen(
-            [sys.executable, "-m", "sealfs.cli.main", "umount", str(env.mnt)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(rng.uniform(0.0, 0.4))
-        for pid in env.daemon_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        unmounting.wait(timeout=120)
-        deadline = time.monotonic() + 30
-        while env.daemon_pids() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        force_unmount(str(env.mnt))
-        env._disarm_watchdog()
-        midway = read_volume(copy_store() if copy_store else store, passphrase=passphrase)
-        for path in set(midway.tree) | set(before.tree):
-            assert midway.tree.get(path) == before.tree.get(path), (
-                f"{where}: an unmount killed midway changed {path}"
-            )
-        env.mount(*extra)
+
+def check_sealfs_agrees(
+    env: VolumeEnv,
+    before: reader.Volume,
+    where: str,
+    rng: random.Random,
+    extra: list[str],
+    store: Any,
+    copy_store: Any = None,
+    mount_env: dict[str, str] | None = None,
+) -> None:
+    """After the reader judged a crash state (before): sealfs must mount the same tree,
+    and its recovery, even killed midway through its unmount, must change nothing.
+    mount_env is the environment of the read-write mounts' command and daemon."""
+    passphrase = env.passfile.read_bytes()
+
+    def mount_rw() -> None:
+        if mount_env is None:
+            env.mount(*extra)  # an S3VolumeEnv sets its own environment
+        else:
+            env.mount(*extra, env=mount_env)
+
+    # sealfs must show the same tree, read-only (no recovery commit) ...
+    env.mount("--read-only", *extra)
+    try:
+        shown = mount_tree(env.mnt)
+    finally:
         env.umount()
-        after_store = copy_store() if copy_store else store
-        after = read_volume(after_store, passphrase=passphrase)
-        orphans = unreachable(after_store, passphrase)
-        assert not orphans, f"{where}: inodes no name reaches survived recovery: {orphans}"
-        assert after.generation > before.generation
-        for path in set(after.tree) | set(before.tree):
-            assert after.tree.get(path) == before.tree.get(path), (
-                f"{where}: recovery changed {path}"
-            )
+    assert sorted(shown) == sorted(before.tree), f"{where}: the mount shows other paths"
+    for path, node in shown.items():
+        assert node == before.tree[path], f"{where}: {path}: mount {node}, reader" + str(
+            before.tree[path])  # fmt: skip
+    # ... and read-write, whose recovery commit (writer claim, orphans deleted) and
+    # clean unmount must change nothing the reader sees, even when the daemon is
+    # killed during that unmount (its final commit, the snapshot it may write).
+    mount_rw()
+    unmounting = subprocess.Popen(
+        [sys.executable, "-m", "sealfs.cli.main", "umount", str(env.mnt)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(rng.uniform(0.0, 0.4))
+    for pid in env.daemon_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    unmounting.wait(timeout=120)
+    deadline = time.monotonic() + 30
+    while env.daemon_pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    force_unmount(str(env.mnt))
+    env._disarm_watchdog()
+    midway = read_volume(copy_store() if copy_store else store, passphrase=passphrase)
+    for path in set(midway.tree) | set(before.tree):
+        assert midway.tree.get(path) == before.tree.get(path), (
+            f"{where}: an unmount killed midway changed {path}"
+        )
+    mount_rw()
+    env.umount()
+    after_store = copy_store() if copy_store else store
+    after = read_volume(after_store, passphrase=passphrase)
+    orphans = unreachable(after_store, passphrase)
+    assert not orphans, f"{where}: inodes no name reaches survived recovery: {orphans}"
+    assert after.generation > before.generation
+    for path in set(after.tree) | set(before.tree):
+        assert after.tree.get(path) == before.tree.get(path), f"{where}: recovery changed {path}"
 
 
 @pytest.mark.parametrize("seed", LOCAL_SEEDS)
