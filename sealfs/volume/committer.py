@@ -135,7 +135,10 @@ class Committer:
         self._base = loaded.base
         self._tail = loaded.tail
         self.start()
-        self._compacting = False
+        # One snapshot at a time. A second waits for the first, then writes what it left:
+        # an unmount that found the loop's snapshot under way wrote none, and the loop's,
+        # cancelled with the mount, never landed either.
+        self._snapshot_lock = trio.Lock()
         self._files = files
         self._limiter = limiter
         self.interval = interval
@@ -591,10 +594,9 @@ class Committer:
         Built from the previous snapshot and the sealed segments since, never
         from the live state (which runs ahead of what is committed).
         """
-        if self._compacting or not self._tail:
-            return
-        self._compacting = True
-        try:
+        async with self._snapshot_lock:
+            if not self._tail:
+                return
             tail = list(self._tail)
             with self._keys.sealing() as keys:
                 try:
@@ -622,8 +624,6 @@ class Committer:
                 )
             except SealfsError as exc:  # tried again after the next snapshot
                 log.warning("could not remove old snapshots: %s", exc)
-        finally:
-            self._compacting = False
 
     def resealed(self, generation: int, sealed: bytes) -> None:
         """A rekey re-sealed s/<generation>: compaction must start from the new bytes."""

@@ -1473,6 +1473,48 @@ async def snapshot_now(volume: Any, store: MemoryStore) -> str:
     return str(store.list(SNAPSHOT_PREFIX)[-1])
 
 
+class SnapshotHeldStore(WrappedStore):
+    """Snapshot creates wait while `snapshots` is shut; a log segment of generation
+    `open_at` opens them (from the thread that writes it)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.snapshots = threading.Event()
+        self.snapshots.set()
+        self.waiting = 0
+        self.open_at = -1
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        if name.startswith(SNAPSHOT_PREFIX) and not self.snapshots.is_set():
+            self.waiting += 1
+            assert self.snapshots.wait(30), "snapshot create never let through"
+        self.inner.put_if_absent(name, data)
+        if name.startswith(SEGMENT_PREFIX) and parse_generation(name) == self.open_at:
+            self.snapshots.set()
+
+
+async def test_an_unmount_during_the_loop_s_snapshot_still_leaves_its_own(
+    memory_store: MemoryStore, kdf_params: Argon2Params, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an unmount while the loop wrote a snapshot found one "in progress"
+    and wrote none, and the loop's was cancelled with the mount: the next mount
+    replayed the whole log that the unmount's snapshot is there to spare it."""
+    monkeypatch.setattr(committer, "SNAPSHOT_AT_CLOSE_OPS", 1)
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = SnapshotHeldStore(memory_store)
+    async with trio.open_nursery() as outside:
+        async with mounted(store, **QUIET) as v:  # type: ignore[arg-type]
+            for k in range(5):
+                await mkfile(v, ROOT_INO, b"f%d" % k, b"%d" % k)
+                await v.fsync()
+            store.snapshots.clear()
+            store.open_at = v.commits.generation + 1  # the unmount's release record
+            outside.start_soon(v.commits.snapshot)  # stands for the loop's
+            await wait_until(lambda: store.waiting > 0)
+        final = v.commits.generation
+    assert parse_generation(memory_store.list(SNAPSHOT_PREFIX)[-1]) == final
+
+
 async def test_snapshot_never_includes_uncommitted_records(
     volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
