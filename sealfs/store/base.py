@@ -86,8 +86,15 @@ class ObjectStore(Protocol):
         """Return size and etag. Raises ObjectNotFoundError."""
         ...
 
-    def put(self, name: str, data: bytes) -> None:
-        """Create or replace the object atomically: readers see old or new, never a mix."""
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        """Create or replace the object atomically: readers see old or new, never a mix.
+
+        replace=False only creates it: an object already there is left as it is and
+        ObjectExistsError raised. For chunks, whose name says what they hold: a writer
+        that lost the volume to another must not overwrite what the other made of a
+        chunk (a rekey re-seals chunks in place, under a key the loser lacks). Unlike
+        put_if_absent, the bytes need not be durable before the next sync.
+        """
         ...
 
     def put_if_absent(self, name: str, data: bytes) -> None:

@@ -268,10 +268,14 @@ class CachingStore(StoreWrapper):
         """Delegate: the etag is the store's to give."""
         return self.inner.stat(name)
 
-    def put(self, name: str, data: bytes) -> None:
-        """Put through to the store; keep a copy of a chunk."""
-        self._before_write(name)
-        self.inner.put(name, data)
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        """Put through to the store; keep a copy of a chunk it wrote.
+
+        replace=False that finds the object keeps any cached copy: it is the store's.
+        """
+        if replace:
+            self._before_write(name)
+        self.inner.put(name, data, replace=replace)
         self._after_write(name, data)
 
     def put_if_absent(self, name: str, data: bytes) -> None:

@@ -194,9 +194,9 @@ class FaultyStore(StoreWrapper):
         """Forward stat, or inject a fault."""
         return self._apply(self._pick("stat", name), "stat", name, lambda: self.inner.stat(name))
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         """Forward put, or inject a fault (drop loses it silently)."""
-        self._write("put", name, lambda: self.inner.put(name, data))
+        self._write("put", name, lambda: self.inner.put(name, data, replace=replace))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Forward put_if_absent, or inject a fault."""

@@ -3,7 +3,8 @@
 Object "c/ab/xyz" lives at root/c/ab/xyz; parent directories are created lazily.
 Every write goes to a hidden ".tmp-*" file in the target directory first and is
 then renamed (put) or hard-linked (put_if_absent) into place, so readers never
-see a partial object. New objects written by put (chunks) are not fsynced one
+see a partial object; put(replace=False) renames with RENAME_NOREPLACE (a hard
+link where the file system lacks it). New objects written by put (chunks) are not fsynced one
 by one: the store remembers which files it wrote and which directories' entries
 it changed since the last sync() (puts come from several threads), and sync()
 fdatasyncs exactly those files, then fsyncs each of those directories once, with
@@ -129,6 +130,34 @@ _fsync = os.fsync
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+_renameat2 = _libc_function(
+    "renameat2", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint
+)
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+# What renameat2 fails with where the kernel or the file system cannot keep RENAME_NOREPLACE.
+_NO_NOREPLACE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename src to dst unless dst exists (FileExistsError).
+
+    One step where renameat2 keeps RENAME_NOREPLACE; else a hard link, which creates
+    as exclusively, and the removal of src.
+    """
+    if _renameat2 is not None:
+        done = _renameat2(
+            _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE
+        )
+        if done == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in _NO_NOREPLACE:
+            raise OSError(err, os.strerror(err), str(dst))
+    os.link(src, dst)
+    _unlink_quietly(src)  # a leftover temp file is a crash leftover: removed at a mount
 
 
 def _dir_id(path: Path) -> tuple[int, int] | None:
@@ -430,8 +459,10 @@ class LocalStore:
         except OSError as exc:
             raise self._error(exc, f"read {name}") from exc
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         """Create or replace the object atomically (temp file, then rename).
+
+        replace=False: see _create_only.
 
         A replacement flushes the new bytes before the rename: a crash could
         otherwise keep the rename and lose the bytes, and the object (a header,
@@ -439,6 +470,9 @@ class LocalStore:
         ext4 happens to flush on such renames; other file systems need not.
         """
         path = self._path(name)
+        if not replace:
+            self._create_only(path, name, data)
+            return
         replacing = os.path.lexists(path)
         tmp = self._write_temp(path, name, data, durable=replacing)
         with self._changing if replacing else contextlib.nullcontext():
@@ -452,6 +486,24 @@ class LocalStore:
         # A replaced object (the header) may be replaced again by another process (a key
         # change) before the next sync: only a new one is this store's to check.
         self._written(path, created=None if replacing else len(data))
+
+    def _create_only(self, path: Path, name: str, data: bytes) -> None:
+        """Create the object unless it exists; its bytes are flushed at the next sync.
+
+        Raises ObjectExistsError, and then makes the next sync flush the object found,
+        which a process that died before its sync may have written.
+        """
+        tmp = self._write_temp(path, name, data)
+        try:
+            _rename_noreplace(tmp, path)
+        except FileExistsError:
+            _unlink_quietly(tmp)
+            self._written(path)
+            raise ObjectExistsError(f"object {name} already exists in {self.describe()}") from None
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise self._error(exc, f"rename into {name}") from exc
+        self._written(path, created=len(data))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Create the object unless it exists (hard link: an atomic exclusive create).

@@ -54,12 +54,14 @@ class MemoryStore:
             raise ObjectNotFoundError(f"object {name} not found in {self.describe()}")
         return ObjectInfo(name=name, size=len(data), etag=content_etag(data))
 
-    def put(self, name: str, data: bytes) -> None:
-        """Create or replace the object."""
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        """Create or replace the object (replace=False: create only)."""
         validate_name(name)
         data = bytes(data)
         with self._lock:
             self._count("put")
+            if not replace and name in self._objects:
+                raise ObjectExistsError(f"object {name} already exists in {self.describe()}")
             self._objects[name] = data
 
     def put_if_absent(self, name: str, data: bytes) -> None:

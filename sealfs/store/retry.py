@@ -121,9 +121,19 @@ class RetryingStore(StoreWrapper):
         """Retrying stat. Raises ObjectNotFoundError at once."""
         return self._run("stat", name, lambda: self.inner.stat(name))
 
-    def put(self, name: str, data: bytes) -> None:
-        """Retrying put (idempotent, so always safe to repeat)."""
-        self._run("put", name, lambda: self.inner.put(name, data))
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        """Retrying put (idempotent, so always safe to repeat).
+
+        replace=False raises ObjectExistsError at once, except where a transient error
+        hid an earlier attempt that wrote these very bytes (as put_if_absent).
+        """
+        if replace:
+            self._run("put", name, lambda: self.inner.put(name, data))
+            return
+        write = _ConditionalWrite(
+            self.inner, name, data, lambda: self.inner.put(name, data, replace=False)
+        )
+        self._run("put", name, write)
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         """Retrying put_if_absent. Raises ObjectExistsError at once.

@@ -701,13 +701,23 @@ class S3Store:
             )
         return ObjectInfo(name=name, size=int(response["ContentLength"]), etag=response["ETag"])
 
-    def put(self, name: str, data: bytes) -> None:
-        """Create or replace the object (a single PutObject is atomic)."""
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        """Create or replace the object (a single PutObject is atomic).
+
+        replace=False sends If-None-Match: * as put_if_absent does.
+        """
+        if not replace:
+            self._create_only("put", name, data)
+            return
         key, body = self._key(name), bytes(data)
         self._upload("put", name, lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
-        """PutObject with If-None-Match: *. Raises ObjectExistsError (412).
+        """PutObject with If-None-Match: *. Raises ObjectExistsError (412)."""
+        self._create_only("put_if_absent", name, data)
+
+    def _create_only(self, method: str, name: str, data: bytes) -> None:
+        """PutObject with If-None-Match: *, counted as method. Raises ObjectExistsError (412).
 
         A 409 ConditionalRequestConflict (a concurrent conditional write still
         in flight) is transient: the retry then gets a definite answer.
@@ -720,7 +730,7 @@ class S3Store:
             return None
 
         self._upload(
-            "put_if_absent",
+            method,
             name,
             lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"),
             on_error,

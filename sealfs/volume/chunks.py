@@ -32,6 +32,7 @@ from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
     FormatError,
     IntegrityError,
+    ObjectExistsError,
     ObjectNotFoundError,
     StoreUnavailableError,
 )
@@ -172,9 +173,35 @@ class Chunks:
                 sealed = seal_object(
                     keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD, epoch=epoch
                 )
-            self._store.put(chunk_name(cid), sealed)
+            self._put_new(chunk_name(cid), sealed, replace=cid in self._unusable)
         self._unusable.discard(cid)
+        # Recorded in the chunk table even where _put_new kept the store's copy: the
+        # table lacks it (it was not in known).
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
+
+    def _put_new(self, name: str, sealed: bytes, *, replace: bool) -> None:
+        """Put a chunk, keeping one already under its name unless it is known damaged.
+
+        The name says what the chunk holds, so an object found there is this chunk
+        sealed by another: a commit that crashed before its segment, or the writer
+        that took the volume over, which a rekey may have re-sealed under a key this
+        writer lacks (replacing that made the chunk unreadable once the old key was
+        retired). Only a copy of another size is replaced: the same content sealed
+        under any epoch is the same size, and a crash before the store's sync can
+        leave a new file empty or cut short.
+        """
+        try:
+            self._store.put(name, sealed, replace=replace)
+        except ObjectExistsError:
+            try:
+                kept = self._store.stat(name).size
+            except ObjectNotFoundError:  # removed since: ours is as good
+                kept = -1
+            if kept != len(sealed):
+                log.info(
+                    "chunk %s in the store is %d bytes, not %d: replaced", name, kept, len(sealed)
+                )
+                self._store.put(name, sealed)
 
     async def store(
         self,

@@ -81,6 +81,16 @@ def test_put_if_absent_creates_once(store: ObjectStore) -> None:
     assert store.get("l/00000001") == b"first"
 
 
+def test_put_without_replace_creates_but_never_replaces(store: ObjectStore) -> None:
+    store.put("c/ab/chunk", b"first", replace=False)
+    with pytest.raises(ObjectExistsError):
+        store.put("c/ab/chunk", b"other", replace=False)
+    assert store.get("c/ab/chunk") == b"first"
+    assert store.list("c/") == ["c/ab/chunk"]  # no temp file or second object beside it
+    store.put("c/ab/chunk", b"replaced")
+    assert store.get("c/ab/chunk") == b"replaced"
+
+
 def race_put_if_absent(store: ObjectStore, name: str) -> dict[int, str]:
     """Two threads put_if_absent name at once; return who won and who lost."""
     barrier = threading.Barrier(2)

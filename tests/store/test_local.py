@@ -323,6 +323,28 @@ def test_sync_flushes_an_existing_object_that_put_if_absent_found(
     assert flushes.take()[0] == [str(tmp_path / "l/00000001")]
 
 
+@pytest.mark.parametrize("noreplace", ["renameat2", "hard link"])
+def test_put_without_replace_flushes_what_it_made_or_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noreplace: str
+) -> None:
+    """Created or found, the chunk is flushed at the next sync (not before: chunks go
+    to the disk together), whether the file system renames with RENAME_NOREPLACE or
+    sealfs has to fall back to a hard link."""
+    if noreplace == "hard link":
+        monkeypatch.setattr(local, "_renameat2", None)
+    LocalStore(tmp_path).put("c/ab/found", b"theirs")
+    flushes = Flushes(monkeypatch)
+    store = LocalStore(tmp_path)
+    store.put("c/ab/made", b"ours", replace=False)
+    with pytest.raises(ObjectExistsError):
+        store.put("c/ab/found", b"ours", replace=False)
+    assert flushes.take()[0] == []
+    store.sync()
+    assert sorted(flushes.take()[0]) == [str(tmp_path / "c/ab/found"), str(tmp_path / "c/ab/made")]
+    assert (tmp_path / "c/ab/found").read_bytes() == b"theirs"
+    assert sorted(p.name for p in (tmp_path / "c/ab").iterdir()) == ["found", "made"]
+
+
 @pytest.mark.parametrize("count", [1, 10], ids=["inline", "threads"])
 def test_a_failed_flush_fails_every_later_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int
