@@ -98,7 +98,8 @@ class RetryingStore(StoreWrapper):
         elapsed = self._clock() - start
         raise StoreUnavailableError(
             f"store {self.inner.describe()} unreachable after {attempt} attempts"
-            f" over {elapsed:.1f} s: {last}"
+            f" over {elapsed:.1f} s: {last}: check the network and the store's address;"
+            " --store-timeout sets how long sealfs keeps trying"
         ) from last
 
     def _next_delay(self, attempt: int, start: float) -> float | None:

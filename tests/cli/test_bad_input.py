@@ -357,6 +357,7 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
     lines = result.stderr.strip().splitlines()
     assert len(lines) <= 2, lines  # one warning that it retries, then the error
     assert lines[-1].startswith("sealfs: store ") and "unreachable after" in lines[-1], lines
+    assert lines[-1].endswith("--store-timeout sets how long sealfs keeps trying"), lines
 
 
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
