@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from sealfs.chunking.fastcdc import MAX_CHUNK
 from sealfs.errors import (
     FencedError,
     FsError,
@@ -194,11 +195,11 @@ class ValvedStore(WrappedStore):
         assert self._segments is not None
         self._segments.release(count)
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/") and not self.chunks.is_set():
             self.chunks_waiting += 1
             assert self.chunks.wait(30), "chunk puts never let through"
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         gate = self._segments
@@ -250,8 +251,8 @@ class UnsyncedStore(MemoryStore):
         self.unsynced: set[str] = set()
         self.early_segments: list[str] = []
 
-    def put(self, name: str, data: bytes) -> None:
-        super().put(name, data)
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        super().put(name, data, replace=replace)
         self.unsynced.add(name)
 
     def put_if_absent(self, name: str, data: bytes) -> None:
@@ -293,7 +294,7 @@ class OverlapStore(WrappedStore):
         self._second = threading.Event()
         self.overlapped: bool | None = None
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/"):
             with self._lock:
                 self._puts += 1
@@ -302,7 +303,7 @@ class OverlapStore(WrappedStore):
                 self.overlapped = self._second.wait(5)
             elif n == 2:
                 self._second.set()
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 async def test_a_commit_of_a_few_small_files_uploads_them_in_parallel(
@@ -443,7 +444,7 @@ class GivingUpStore(WrappedStore):
         self.down = True
         self.puts = 0
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/") and self.down:
             with self._lock:
                 self.puts += 1
@@ -451,7 +452,7 @@ class GivingUpStore(WrappedStore):
             if not first:
                 time.sleep(0.2)
             raise StoreUnavailableError("unreachable for the whole store timeout")
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 async def test_a_commit_starts_no_more_uploads_once_one_gave_up_on_the_store(
@@ -492,7 +493,7 @@ class StalledStore(WrappedStore):
         self._all_in = threading.Event()
         self.late = 0
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/"):
             with self._lock:
                 self._arrived += 1
@@ -503,7 +504,7 @@ class StalledStore(WrappedStore):
             if not late:
                 assert self._all_in.wait(10), "the workers never all had a put"
             raise StoreUnavailableError("unreachable for the whole store timeout")
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 @pytest.mark.parametrize(
@@ -562,12 +563,12 @@ class DamagedNeighbourStore(WrappedStore):
             return data[:-1] + bytes([data[-1] ^ 1])
         return data
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/") and self.down:
             assert self.read.wait(10), "the flush never read its damaged neighbour"
             time.sleep(0.2)  # the neighbour's IntegrityError reaches the flush first
             raise StoreUnavailableError("unreachable for the whole store timeout")
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 async def test_an_upload_giving_up_fails_the_commit_when_a_merge_read_failed_first(
@@ -611,17 +612,17 @@ class DamagedNeighbourCountingStore(DamagedNeighbourStore):
         self.again: list[str] = []
         self._lock = threading.Lock()
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/") and self.down:
             with self._lock:
                 if name in self.tried:
                     self.again.append(name)
                 self.tried.add(name)
             try:
-                super().put(name, data)
+                super().put(name, data, replace=replace)
             finally:
                 self.gave_up.set()
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 async def test_an_early_flush_stops_once_an_upload_gave_up_even_after_a_merge_read_failed(
@@ -696,7 +697,7 @@ class HeldStore(WrappedStore):
         self.late = 0
         self._lock = threading.Lock()
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         if name.startswith("c/"):
             with self._lock:
                 late = self.gave_up.is_set()
@@ -706,7 +707,7 @@ class HeldStore(WrappedStore):
                 assert self.release.wait(10), "never released"
                 self.gave_up.set()
             raise StoreUnavailableError("unreachable for the whole store timeout")
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
 
 async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_upload(
@@ -719,7 +720,9 @@ async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_uploa
     create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     store = HeldStore(memory_store)
     async with mounted(store, **QUIET) as v:  # type: ignore[arg-type]
-        data = os.urandom(3 << 20)
+        # Over MAX_CHUNK, so that it is cut at least once whatever its bytes: 3 MiB of
+        # random bytes sometimes held no cut point, and the test failed at random.
+        data = os.urandom(MAX_CHUNK + (1 << 20))
         ino = await mkfile(v, ROOT_INO, b"f", data)
         failed: list[BaseException] = []
 
@@ -746,7 +749,7 @@ async def test_a_commit_that_waited_for_an_early_flush_giving_up_starts_no_uploa
         store.put = memory_store.put  # type: ignore[method-assign]
         await v.fsync()
         assert await read_all(v, ino) == data
-    assert load(memory_store).inodes[ino].size == 3 << 20
+    assert load(memory_store).inodes[ino].size == len(data)
 
 
 async def test_an_fsync_after_a_commit_failed_before_its_cut_waits_for_a_commit(

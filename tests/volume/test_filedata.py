@@ -68,9 +68,9 @@ class GatedStore(WrappedStore):
             self.waiting += 1
             assert self.open.wait(30), "gate never opened"
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         self._pass(name, "c/")
-        self.inner.put(name, data)
+        self.inner.put(name, data, replace=replace)
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         self._pass(name, "l/")

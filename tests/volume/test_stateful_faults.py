@@ -92,8 +92,8 @@ class Freezer(WrappedStore):
                     raise StoreUnavailableError("frozen store (the writer died here)")
             call()
 
-    def put(self, name: str, data: bytes) -> None:
-        self._write(lambda: self.inner.put(name, data))
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        self._write(lambda: self.inner.put(name, data, replace=replace))
 
     def put_if_absent(self, name: str, data: bytes) -> None:
         self._write(lambda: self.inner.put_if_absent(name, data))
