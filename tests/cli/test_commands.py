@@ -532,6 +532,57 @@ def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
         env.umount()
 
 
+BUSY_WRITER = """
+import os, sys, time
+path = sys.argv[1]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with open(path, "w") as f:
+            f.write(str(time.time()))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        sys.exit(0)  # fenced: the takeover happened
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_takeover_of_a_writer_that_commits_all_the_time(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a takeover lost the generation race to a writer that committed between
+    the mount's load and its claim (4 of 4 takeovers of one fsyncing every 0.6 s)."""
+    env = volume_env
+    first = foreign_mount(env, "sealfs-other-host")  # alive, but out of this host's sight
+    assert first.returncode == 0, first.stderr
+    second = tmp_path / "second"
+    second.mkdir()
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_WRITER, str(env.mnt / "tick")])
+    try:
+        time.sleep(0.5)
+        assert busy.poll() is None, "the busy writer stopped before the takeover"
+        result = sealfs(
+            "mount", str(env.store), str(second), "--passphrase-file", str(env.passfile),
+            "--log-file", str(env.log), "--takeover",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert busy.wait(timeout=30) == 0  # its next fsync failed: fenced
+        (second / "fresh").write_text("from the new writer")
+    finally:
+        busy.kill()
+        busy.wait()
+        sealfs("umount", str(env.mnt))
+        sealfs("umount", str(second))
+        assert not os.path.ismount(second)
+    env.mount()
+    try:
+        assert (env.mnt / "fresh").read_text() == "from the new writer"
+    finally:
+        env.umount()
+
+
 # What a daemon of a build before the status's log_file (f64f767) answers; a daemon
 # started before an upgrade keeps answering so after it.
 OLD_DAEMON_STATUS: dict[str, Any] = {
