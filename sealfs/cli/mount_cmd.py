@@ -486,11 +486,18 @@ def run_sync(args: argparse.Namespace) -> int:
 def _commit_failed(mnt: str, exc: OSError) -> str:
     """ "commit failed" and why, as the daemon's status has it: the fsync's errno alone
     ("Input/output error") sent the operator to the log to learn that the store was
-    unreachable, or full."""
+    unreachable, or full, or (a stopped mount, which has no failing commits to show,
+    only the reason it stopped) that the mount had been taken over."""
     try:
-        failure = read_status(mnt).get("commit_failure")
+        status = read_status(mnt)
     except OSError:
-        failure = None
+        status = {}
+    if stopped := status.get("stopped"):
+        return (
+            f"commit failed ({exc.strerror}): the mount has stopped committing for good"
+            f" (its last commit: {_last_commit_of(status)}): {stopped}"
+        )
+    failure = status.get("commit_failure")
     why = failure.get("error") if isinstance(failure, dict) else None
     return f"commit failed ({exc.strerror}{f': {why}' if why else ''})"
 
@@ -579,7 +586,7 @@ def _unmount_stopped(mnt: str, pid: int, status: dict[str, object], timeout: flo
     if status.get("fenced"):
         error_line(
             f"{mnt} was taken over by another writer (fenced), so nothing more could be"
-            f" committed there; unmounted it. {lost}"
+            f" committed there; unmounted it. {lost}."
         )
     else:
         error_line(
@@ -602,7 +609,7 @@ def _lost(status: dict[str, object]) -> str:
         return "Whatever was written"
     if size == 0 and records == 0:
         return "Nothing written"
-    return f"What was written ({size} bytes of file data, {records} other changes)"
+    return f"What was written ({size} bytes of file data, {records} metadata records)"
 
 
 def _fusermount(mnt: str, *, lazy: bool) -> int:

@@ -576,6 +576,24 @@ def test_umount_whose_own_commit_finds_the_mount_fenced_unmounts_it(
         assert "stays mounted" not in err, err
 
 
+@pytest.mark.slow
+def test_sync_of_a_fenced_mount_says_why_and_umount_names_the_last_commit(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: sync said only "commit failed (Read-only file system)" and sent the
+    user to the log: a stopped writer has no commit failure in its status, only the
+    reason it stopped."""
+    env = volume_env
+    with taken_over(env, tmp_path / "second"):
+        generation = env.status()["generation"]
+        for _ in range(2):  # the sync whose commit finds the fence, then one after it
+            err = one_line(sealfs("sync", str(env.mnt)), 1)
+            assert "taken over" in err and "unmount it" in err, err
+        err = one_line(sealfs("umount", str(env.mnt)), 1)
+        assert not env.is_mounted(), err
+        assert "taken over by another writer" in err and f"generation {generation}" in err, err
+
+
 BUSY_WRITER = """
 import os, sys, time
 path = sys.argv[1]
