@@ -26,11 +26,14 @@ from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import (
     FormatError,
     IntegrityError,
+    NewerEpochError,
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SealfsError,
     StoreError,
     UnsupportedVersionError,
+    VolumeChangedError,
     VolumeExistsError,
     WriterConflictError,
 )
@@ -221,6 +224,10 @@ def _replay_log(
             gen = parse_generation(name)
             try:
                 logged = decode_segment(ring, volume_id, gen, sealed)
+            except NewerEpochError as exc:
+                raise _rekeyed_meanwhile(
+                    store, f"log segment {name}", exc, _log_fix(name, state)
+                ) from None
             except (IntegrityError, FormatError) as exc:
                 # The fix a gap or a broken chain names: the log before name is whole.
                 fix = "" if isinstance(exc, UnsupportedVersionError) else _log_fix(name, state)
@@ -235,6 +242,33 @@ def _replay_log(
                 raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
             tail.append(logged)
             previous = sealed
+
+
+def _rekeyed_meanwhile(
+    store: ObjectStore, what: str, exc: NewerEpochError, fix: str
+) -> SealfsError:
+    """The error for an object sealed under a key epoch newer than the header read.
+
+    A rekey (`sealfs rekey`, or the writer adopting one) between this command's
+    read of the header and its load re-seals the log under the next epoch: that
+    is no damage, and moving the object out (what a damaged log's error says)
+    would lose what it holds. The header as it is now tells the two apart.
+    """
+    try:
+        now = decode_header(read_header(store)).data_epoch
+    except SealfsError:
+        now = None
+    if now is not None and now >= exc.epoch:
+        return VolumeChangedError(
+            f"{what} is sealed under key epoch {exc.epoch}, newer than the header this command"
+            " read: the volume was rekeyed meanwhile (its header has changed): run the command"
+            " again"
+        )
+    return IntegrityError(
+        f"{what} is sealed under key epoch {exc.epoch}, which the volume's header does not"
+        " name: if the volume was being rekeyed, run the command again; if this recurs, it is"
+        f" damaged: {fix}"
+    )
 
 
 def _older_chain(name: str) -> UnsupportedVersionError:
@@ -333,6 +367,9 @@ def _load_snapshot(
     gen = parse_generation(names[-1])
     try:
         return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
+    except NewerEpochError as exc:
+        fix = f"restore the store from a complete copy, or move {names[-1]} out of the store"
+        raise _rekeyed_meanwhile(store, f"snapshot {names[-1]}", exc, fix) from None
     except (IntegrityError, FormatError) as exc:
         raise type(exc)(f"snapshot {names[-1]} is damaged: {exc}") from None
 

@@ -19,6 +19,7 @@ from sealfs.errors import (
     FormatError,
     IntegrityError,
     ObjectNotFoundError,
+    SealfsError,
     StoreError,
     StoreUnavailableError,
     UnsupportedVersionError,
@@ -56,7 +57,8 @@ from sealfs.volume.loader import (
     writer_alive,
 )
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
-from tests.volume.test_engine import W
+from tests.volume.test_engine import W, mkfile
+from tests.volume.test_rekey import start_rekey
 
 
 @contextmanager
@@ -440,3 +442,45 @@ async def test_a_claim_that_finds_another_new_writer_refuses_to_fence_it(
     with pytest.raises(WriterConflictError, match=f"pid {won.pid}"):
         claim_writer(second)
     assert open_volume(volume_store, Passphrase(PASSPHRASE)).live.writer == won
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["segment", "snapshot"])
+async def test_a_log_rekeyed_after_the_header_was_read_says_to_run_again(
+    volume_store: ObjectStore, snapshot: bool
+) -> None:
+    """Another process rekeyed the volume between this one's read of the header and its
+    load of the log: the log opened under a key epoch the header read did not name, and
+    the error called it damaged and said to move it out of the store or restore it."""
+    unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))  # epoch 0
+    async with mounted(volume_store) as volume:
+        await mkfile(volume, ROOT_INO, b"f", b"data")
+        await volume.adopt_rekey(start_rekey(volume_store))
+        await mkfile(volume, ROOT_INO, b"g", b"more")
+        await volume.fsync()  # a segment of epoch 1
+        if snapshot:
+            await volume.commits.snapshot()
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+    with pytest.raises(SealfsError) as info:
+        load_unlocked(volume_store, unlocked)
+    message = str(info.value)
+    assert "rekeyed" in message and "run the command again" in message, message
+    for advice in ("move", "restore"):
+        assert advice not in message.partition("run the command again")[0], message
+    assert not isinstance(info.value, (IntegrityError, FormatError)), message  # not damage
+    load_unlocked(volume_store, unlock(read_header(volume_store), Passphrase(PASSPHRASE)))
+
+
+def test_a_segment_naming_an_epoch_the_header_does_not_is_still_damage(
+    volume_store: ObjectStore,
+) -> None:
+    """An epoch no rekey made (the header, read again, does not name it): the store
+    forged or damaged the object, and the way out is still named, after the retry."""
+    sealed = bytearray(volume_store.get(segment_name(1)))
+    sealed[6:8] = (7).to_bytes(2, "big")  # the envelope's key epoch
+    volume_store.put_if_absent(segment_name(2), bytes(sealed))
+    with pytest.raises(IntegrityError) as info:
+        open_volume(volume_store, Passphrase(PASSPHRASE))
+    message = str(info.value)
+    assert "run the command again" in message and f"move {segment_name(2)}" in message, message
