@@ -30,6 +30,15 @@ class IntegrityError(SealfsError):
     """Authentication failed: the object was tampered with, swapped or corrupted."""
 
 
+class NewerEpochError(IntegrityError):
+    """An object sealed under a key epoch newer than the keys held: the volume was
+    rekeyed since its header was read (or the object's epoch was forged)."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
 class RolledBackError(IntegrityError):
     """The store holds an older generation than this host saw committed there."""
 
@@ -61,6 +70,10 @@ class VolumeExistsError(SealfsError):
 
 class ConfigError(SealfsError):
     """A bad option, URL or setting given by the user."""
+
+
+class VolumeChangedError(SealfsError):
+    """The volume changed under a command that was loading it (a rekey): run it again."""
 
 
 class WriterConflictError(SealfsError):

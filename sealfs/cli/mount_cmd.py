@@ -486,11 +486,18 @@ def run_sync(args: argparse.Namespace) -> int:
 def _commit_failed(mnt: str, exc: OSError) -> str:
     """ "commit failed" and why, as the daemon's status has it: the fsync's errno alone
     ("Input/output error") sent the operator to the log to learn that the store was
-    unreachable, or full."""
+    unreachable, or full, or (a stopped mount, which has no failing commits to show,
+    only the reason it stopped) that the mount had been taken over."""
     try:
-        failure = read_status(mnt).get("commit_failure")
+        status = read_status(mnt)
     except OSError:
-        failure = None
+        status = {}
+    if stopped := status.get("stopped"):
+        return (
+            f"commit failed ({exc.strerror}): the mount has stopped committing for good"
+            f" (its last commit: {_last_commit_of(status)}): {stopped}"
+        )
+    failure = status.get("commit_failure")
     why = failure.get("error") if isinstance(failure, dict) else None
     return f"commit failed ({exc.strerror}{f': {why}' if why else ''})"
 
@@ -549,29 +556,60 @@ def run_umount(args: argparse.Namespace) -> int:
         )
     pid = int(str(status["pid"]))
     if status.get("fenced") or status.get("stopped"):  # no commit can succeed: don't try
-        if (code := _fusermount(mnt, lazy=False)) != 0:
-            return code
-        _wait_for_exit(pid, args.timeout)
-        if status.get("fenced"):
-            error_line(
-                f"{mnt} was taken over by another writer (fenced); unmounted it."
-                " Data written there after the takeover is lost."
-            )
-        else:
-            cause = status["stopped"]
-            error_line(
-                f"{mnt} had stopped committing; unmounted it. Data written after"
-                f" its last commit is lost. Cause: {cause}"
-            )
-        return FAILURE
+        return _unmount_stopped(mnt, pid, status, args.timeout)
     try:
         commit_mount(mnt)
     except OSError as exc:
-        error_line(f"{_commit_failed(mnt, exc)}; {mnt} stays mounted, see {_daemon_log(status)}")
+        # This very commit may be the one that found the mount taken over (or its store
+        # losing writes): it failed, and so would every later one. Kept mounted, as for
+        # an outage that a retry may outlast, the mount could never be unmounted.
+        after = mounted_status(mnt)
+        if after is not None and (after.get("fenced") or after.get("stopped")):
+            return _unmount_stopped(mnt, pid, after, args.timeout)
+        error_line(
+            f"{_commit_failed(mnt, exc)}; {mnt} stays mounted (its last commit:"
+            f" {_last_commit_of(after or status)}), see {_daemon_log(status)}"
+        )
         return FAILURE
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code
     return _wait_for_exit(pid, args.timeout)
+
+
+def _unmount_stopped(mnt: str, pid: int, status: dict[str, object], timeout: float) -> int:
+    """Unmount a mount that stopped committing (fenced, or its store lost writes) and
+    say what that lost: no commit can land, so waiting or retrying cannot save it."""
+    if (code := _fusermount(mnt, lazy=False)) != 0:
+        return code
+    _wait_for_exit(pid, timeout)
+    lost = f"{_lost(status)} after its last commit ({_last_commit_of(status)}) is lost"
+    if status.get("fenced"):
+        error_line(
+            f"{mnt} was taken over by another writer (fenced), so nothing more could be"
+            f" committed there; unmounted it. {lost}."
+        )
+    else:
+        error_line(
+            f"{mnt} had stopped committing; unmounted it. {lost}. Cause: {status['stopped']}"
+        )
+    return FAILURE
+
+
+def _last_commit_of(status: dict[str, object]) -> str:
+    """The mount's last commit as a live status has it: generation and time."""
+    at = status.get("last_commit_ns")
+    when = format_time(at) if isinstance(at, int) else "at an unknown time"
+    return f"generation {status.get('generation')}, {when}"
+
+
+def _lost(status: dict[str, object]) -> str:
+    """What a mount that can commit no more holds uncommitted, as far as its status says."""
+    size, records = status.get("pending_bytes"), status.get("pending_records")
+    if not isinstance(size, int) or not isinstance(records, int):
+        return "Whatever was written"
+    if size == 0 and records == 0:
+        return "Nothing written"
+    return f"What was written ({size} bytes of file data, {records} metadata records)"
 
 
 def _fusermount(mnt: str, *, lazy: bool) -> int:

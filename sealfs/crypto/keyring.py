@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from sealfs.crypto.envelope import read_envelope_epoch
 from sealfs.crypto.subkeys import Subkeys
-from sealfs.errors import IntegrityError
+from sealfs.errors import IntegrityError, NewerEpochError
 
 
 class KeyRing:
@@ -47,8 +47,14 @@ class KeyRing:
         return self._retired
 
     def keys(self, epoch: int) -> Subkeys:
-        """The subkeys of epoch; IntegrityError if the volume holds none for it."""
+        """The subkeys of epoch; IntegrityError if the volume holds none for it (NewerEpochError
+        if it is newer than the current one)."""
         keys = self._keys.get(epoch)
+        if keys is None and epoch > self._epoch:
+            raise NewerEpochError(
+                f"object is sealed under key epoch {epoch}, newer than this volume's {self._epoch}",
+                epoch,
+            )
         if keys is None:
             raise IntegrityError(
                 f"object is sealed under key epoch {epoch}, which this volume does not hold"

@@ -32,6 +32,7 @@ from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
     FormatError,
     IntegrityError,
+    NewerEpochError,
     ObjectExistsError,
     ObjectNotFoundError,
     StoreUnavailableError,
@@ -283,6 +284,14 @@ class Chunks:
         except ObjectNotFoundError:
             self._unusable.add(chunk_id)
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
+        except NewerEpochError as exc:
+            # Not damage: another writer, which took the volume over, rekeyed it. Taken
+            # for damaged, the chunk was replaced at the next write of its bytes with a
+            # copy under this mount's key, which that writer then dropped.
+            raise IntegrityError(
+                f"chunk {name} cannot be read: {exc}: the volume was rekeyed by another"
+                " writer (this mount was taken over, or must be mounted again)"
+            ) from None
         except IntegrityError as exc:
             self._unusable.add(chunk_id)
             raise IntegrityError(f"chunk {name} failed authentication: {exc}") from None

@@ -26,11 +26,14 @@ from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import (
     FormatError,
     IntegrityError,
+    NewerEpochError,
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SealfsError,
     StoreError,
     UnsupportedVersionError,
+    VolumeChangedError,
     VolumeExistsError,
     WriterConflictError,
 )
@@ -66,6 +69,7 @@ from sealfs.store.base import ObjectStore
 
 LOAD_WORKERS = 8  # log segments fetched at once while mounting
 LOAD_AHEAD = 32  # fetched segments waiting to be replayed, at most
+CLAIM_ATTEMPTS = 10  # segment creates a claim tries, catching up between them
 
 
 @dataclass(eq=False)
@@ -192,27 +196,7 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
     with collector_paused():
         base, state = _load_snapshot(store, ring, volume_id)
         tail: list[LoggedSegment] = []
-        names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
-        previous = b""  # the sealed bytes of the segment before, once one was read
-        with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
-            for name, sealed in fetched:
-                gen = parse_generation(name)
-                try:
-                    logged = decode_segment(ring, volume_id, gen, sealed)
-                except (IntegrityError, FormatError) as exc:
-                    # The fix a gap or a broken chain names: the log before name is whole.
-                    fix = "" if isinstance(exc, UnsupportedVersionError) else _log_fix(name, state)
-                    raise type(exc)(
-                        f"log segment {name} is damaged: {exc}{f'; {fix}' if fix else ''}"
-                    ) from None
-                try:
-                    replay_segment(state, logged)
-                except IntegrityError as exc:
-                    if previous and logged.segment.prev_hash == hashlib.sha256(previous).digest():
-                        raise _older_chain(name) from None
-                    raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
-                tail.append(logged)
-                previous = sealed
+        _replay_log(store, ring, volume_id, state, tail)
     if state.generation == 0:
         # init writes generation 1 (the root directory) before the header, so a header
         # alone is a store that lost its metadata. Loaded, it had no root: the mount
@@ -223,6 +207,68 @@ def load_unlocked(store: ObjectStore, unlocked: Unlocked) -> Loaded:
             f" be read: restore {SNAPSHOT_PREFIX} and {SEGMENT_PREFIX} from a backup"
         )
     return Loaded(store, header, ring, state, base, tail)
+
+
+def _replay_log(
+    store: ObjectStore, ring: KeyRing, volume_id: bytes, state: MetaState, tail: list[LoggedSegment]
+) -> None:
+    """Replay onto state every log segment after its generation, appending each to tail.
+
+    Both a mount's load and a claim that lost the generation race (catching up
+    with what the writer committed meanwhile) come here.
+    """
+    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
+    previous = b""  # the sealed bytes of the segment before, once one was read
+    with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
+        for name, sealed in fetched:
+            gen = parse_generation(name)
+            try:
+                logged = decode_segment(ring, volume_id, gen, sealed)
+            except NewerEpochError as exc:
+                raise _rekeyed_meanwhile(
+                    store, f"log segment {name}", exc, _log_fix(name, state)
+                ) from None
+            except (IntegrityError, FormatError) as exc:
+                # The fix a gap or a broken chain names: the log before name is whole.
+                fix = "" if isinstance(exc, UnsupportedVersionError) else _log_fix(name, state)
+                raise type(exc)(
+                    f"log segment {name} is damaged: {exc}{f'; {fix}' if fix else ''}"
+                ) from None
+            try:
+                replay_segment(state, logged)
+            except IntegrityError as exc:
+                if previous and logged.segment.prev_hash == hashlib.sha256(previous).digest():
+                    raise _older_chain(name) from None
+                raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
+            tail.append(logged)
+            previous = sealed
+
+
+def _rekeyed_meanwhile(
+    store: ObjectStore, what: str, exc: NewerEpochError, fix: str
+) -> SealfsError:
+    """The error for an object sealed under a key epoch newer than the header read.
+
+    A rekey (`sealfs rekey`, or the writer adopting one) between this command's
+    read of the header and its load re-seals the log under the next epoch: that
+    is no damage, and moving the object out (what a damaged log's error says)
+    would lose what it holds. The header as it is now tells the two apart.
+    """
+    try:
+        now = decode_header(read_header(store)).data_epoch
+    except SealfsError:
+        now = None
+    if now is not None and now >= exc.epoch:
+        return VolumeChangedError(
+            f"{what} is sealed under key epoch {exc.epoch}, newer than the header this command"
+            " read: the volume was rekeyed meanwhile (its header has changed): run the command"
+            " again"
+        )
+    return IntegrityError(
+        f"{what} is sealed under key epoch {exc.epoch}, which the volume's header does not"
+        " name: if the volume was being rekeyed, run the command again; if this recurs, it is"
+        f" damaged: {fix}"
+    )
 
 
 def _older_chain(name: str) -> UnsupportedVersionError:
@@ -321,6 +367,9 @@ def _load_snapshot(
     gen = parse_generation(names[-1])
     try:
         return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
+    except NewerEpochError as exc:
+        fix = f"restore the store from a complete copy, or move {names[-1]} out of the store"
+        raise _rekeyed_meanwhile(store, f"snapshot {names[-1]}", exc, fix) from None
     except (IntegrityError, FormatError) as exc:
         raise type(exc)(f"snapshot {names[-1]} is damaged: {exc}") from None
 
@@ -356,10 +405,40 @@ def claim_writer(loaded: Loaded) -> WriterInfo:
     """Commit a segment naming this process as the writer, purging orphaned inodes.
 
     Called by the process that will write (after a daemon forks, by the
-    daemon). Raises WriterConflictError if another writer got there first.
+    daemon). A writer that commits between the load and the claim (a busy one
+    being taken over) wins the generation's create: the claim replays what it
+    committed and tries again, CLAIM_ATTEMPTS times in all. Raises
+    WriterConflictError if a new writer claimed the volume meanwhile, or if
+    the writer kept committing first.
     """
-    state = loaded.live
+    checked = loaded.live.writer  # the writer that check_writer let this mount replace
     info = WriterInfo(socket.gethostname(), os.getpid(), os.urandom(16), time.time_ns(), False)
+    for _ in range(CLAIM_ATTEMPTS):
+        if _try_claim(loaded, info):
+            loaded.writer = info
+            return info
+        with collector_paused():
+            _replay_log(loaded.store, loaded.keys, loaded.volume_id, loaded.live, loaded.tail)
+        now = loaded.live.writer
+        if now is not None and not now.released and now != checked:
+            raise WriterConflictError(
+                f"host {now.host} pid {now.pid} claimed the volume while this mount was"
+                " starting: it is the writer now; unmount it there first, or mount with"
+                " --read-only"
+            )
+    prev = loaded.live.writer
+    who = "its writer" if prev is None else f"its writer (host {prev.host} pid {prev.pid})"
+    raise WriterConflictError(
+        f"could not claim the volume: {who} committed first at each of {CLAIM_ATTEMPTS}"
+        " tries, so it is still running and writing: unmount it there first (--takeover is"
+        " for a writer that crashed), then mount again"
+    )
+
+
+def _try_claim(loaded: Loaded, info: WriterInfo) -> bool:
+    """Create the next generation's segment naming info as the writer; False if another
+    writer created that generation first."""
+    state = loaded.live
     records = [ops.writer(info)]
     records += [ops.del_inode(ino) for ino, inode in state.inodes.items() if inode.nlink == 0]
     segment = Segment(state.generation + 1, state.head_hash, time.time_ns(), records)
@@ -368,15 +447,12 @@ def claim_writer(loaded: Loaded) -> WriterInfo:
         try:
             loaded.store.put_if_absent(segment_name(segment.generation), sealed)
         except ObjectExistsError:
-            raise WriterConflictError(
-                "another writer committed to the volume while it was being mounted: try again"
-            ) from None
+            return False
     loaded.store.sync()
     logged = LoggedSegment(segment, digest, len(sealed))
     replay_segment(state, logged)
     loaded.tail.append(logged)
-    loaded.writer = info
-    return info
+    return True
 
 
 def release_record(loaded: Loaded) -> ops.Op:

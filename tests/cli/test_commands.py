@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -438,11 +440,11 @@ def test_sync_on_close_makes_close_durable(volume_env: VolumeEnv) -> None:
         env.umount()
 
 
-def foreign_mount(env: VolumeEnv, host: str) -> subprocess.CompletedProcess[str]:
+def foreign_mount(env: VolumeEnv, host: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """Mount as if from another machine: the same CLI under another UTS hostname."""
     command = [
         sys.executable, "-m", "sealfs.cli.main", "mount", str(env.store), str(env.mnt),
-        "--passphrase-file", str(env.passfile), "--log-file", str(env.log),
+        "--passphrase-file", str(env.passfile), "--log-file", str(env.log), *extra,
     ]  # fmt: skip
     script = f"hostname {host} && exec {shlex.join(command)}"
     return subprocess.run(
@@ -528,6 +530,117 @@ def test_takeover_fences_a_live_writer_and_umount_of_a_fenced_mount_works(
     try:
         assert (env.mnt / "fresh").read_text() == "from the new writer"
         assert not (env.mnt / "late").exists()
+    finally:
+        env.umount()
+
+
+@contextlib.contextmanager
+def taken_over(env: VolumeEnv, second: Path) -> Iterator[None]:
+    """env mounted "from another host", committing only when asked, then taken over by a
+    mount of second on this host that has not committed since; both unmounted after."""
+    second.mkdir()
+    first = foreign_mount(env, "sealfs-other-host", "--commit-interval", "3600")
+    assert first.returncode == 0, first.stderr
+    try:
+        (env.mnt / "kept").write_text("committed by the first writer")
+        sealfs("sync", str(env.mnt), check=True)
+        result = sealfs(
+            "mount", str(env.store), str(second), "--passphrase-file", str(env.passfile),
+            "--log-file", str(env.log), "--takeover", "--commit-interval", "3600",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        (env.mnt / "late").write_text("x" * 5000)  # buffered: the fence shows at a commit
+        yield
+    finally:
+        sealfs("umount", str(env.mnt))
+        sealfs("umount", str(second))
+        assert not os.path.ismount(second)
+
+
+@pytest.mark.slow
+def test_umount_whose_own_commit_finds_the_mount_fenced_unmounts_it(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: the takeover showed first at umount's own commit, which failed: umount
+    said "commit failed (Read-only file system); ... stays mounted", though no commit
+    could ever land there, and left the mount up for good."""
+    env = volume_env
+    with taken_over(env, tmp_path / "second"):
+        generation = env.status()["generation"]
+        assert env.status()["fenced"] is False  # not known yet
+        err = one_line(sealfs("umount", str(env.mnt)), 1)
+        assert not env.is_mounted(), err
+        assert "taken over by another writer" in err, err
+        assert f"generation {generation}" in err, err  # the last commit that landed
+        assert "5000 bytes" in err, err  # what was lost
+        assert "stays mounted" not in err, err
+
+
+@pytest.mark.slow
+def test_sync_of_a_fenced_mount_says_why_and_umount_names_the_last_commit(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: sync said only "commit failed (Read-only file system)" and sent the
+    user to the log: a stopped writer has no commit failure in its status, only the
+    reason it stopped."""
+    env = volume_env
+    with taken_over(env, tmp_path / "second"):
+        generation = env.status()["generation"]
+        for _ in range(2):  # the sync whose commit finds the fence, then one after it
+            err = one_line(sealfs("sync", str(env.mnt)), 1)
+            assert "taken over" in err and "unmount it" in err, err
+        err = one_line(sealfs("umount", str(env.mnt)), 1)
+        assert not env.is_mounted(), err
+        assert "taken over by another writer" in err and f"generation {generation}" in err, err
+
+
+BUSY_WRITER = """
+import os, sys, time
+path = sys.argv[1]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with open(path, "w") as f:
+            f.write(str(time.time()))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        sys.exit(0)  # fenced: the takeover happened
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_takeover_of_a_writer_that_commits_all_the_time(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a takeover lost the generation race to a writer that committed between
+    the mount's load and its claim (4 of 4 takeovers of one fsyncing every 0.6 s)."""
+    env = volume_env
+    first = foreign_mount(env, "sealfs-other-host")  # alive, but out of this host's sight
+    assert first.returncode == 0, first.stderr
+    second = tmp_path / "second"
+    second.mkdir()
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_WRITER, str(env.mnt / "tick")])
+    try:
+        time.sleep(0.5)
+        assert busy.poll() is None, "the busy writer stopped before the takeover"
+        result = sealfs(
+            "mount", str(env.store), str(second), "--passphrase-file", str(env.passfile),
+            "--log-file", str(env.log), "--takeover",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert busy.wait(timeout=30) == 0  # its next fsync failed: fenced
+        (second / "fresh").write_text("from the new writer")
+    finally:
+        busy.kill()
+        busy.wait()
+        sealfs("umount", str(env.mnt))
+        sealfs("umount", str(second))
+        assert not os.path.ismount(second)
+    env.mount()
+    try:
+        assert (env.mnt / "fresh").read_text() == "from the new writer"
     finally:
         env.umount()
 

@@ -13,15 +13,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import trio
 
 from sealfs.errors import (
     FormatError,
     IntegrityError,
     ObjectNotFoundError,
+    SealfsError,
     StoreError,
     StoreUnavailableError,
     UnsupportedVersionError,
     VolumeExistsError,
+    WriterConflictError,
 )
 from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE
 from sealfs.keys.kdf import Argon2Params
@@ -41,7 +44,11 @@ from sealfs.store.base import ObjectStore
 from sealfs.store.faults import Fault, FaultyStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume.engine import Volume
 from sealfs.volume.loader import (
+    CLAIM_ATTEMPTS,
+    check_writer,
+    claim_writer,
     create_volume,
     load_unlocked,
     open_volume,
@@ -49,7 +56,9 @@ from sealfs.volume.loader import (
     read_header,
     writer_alive,
 )
-from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
+from tests.volume.test_engine import W, mkfile
+from tests.volume.test_rekey import start_rekey
 
 
 @contextmanager
@@ -352,3 +361,126 @@ async def test_a_log_object_larger_than_any_that_opens_is_refused_unread(
     unlocked = unlock(read_header(store), Passphrase(PASSPHRASE))
     with pytest.raises(FormatError, match=rf"{name} .* more than the {MAX_SEALED_METADATA}"):
         load_unlocked(store, unlocked)
+
+
+class CommitsFirst(WrappedStore):
+    """A store through which a mount claims the volume while its busy writer, live in
+    this process, commits just before each of the claim's segment creates: the race
+    that a takeover of a writer fsyncing every 0.6 s lost every time."""
+
+    def __init__(self, inner: ObjectStore, writer: Volume, times: int) -> None:
+        super().__init__(inner)
+        self.writer = writer
+        self.times = times
+        self.claims = 0
+        self.made: list[int] = []
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        if name.startswith(SEGMENT_PREFIX):
+            self.claims += 1
+            if self.times:
+                self.times -= 1
+                trio.from_thread.run(self._commit)
+        self.inner.put_if_absent(name, data)
+
+    async def _commit(self) -> None:
+        fh, attr = await self.writer.create(ROOT_INO, b"f%d" % len(self.made), 0o644, W, 0, 0)
+        await self.writer.write(fh, 0, b"committed by the old writer")
+        await self.writer.release(fh)
+        await self.writer.fsync()
+        self.made.append(attr.ino)
+
+
+async def test_a_takeover_catches_up_with_a_writer_that_commits_meanwhile(
+    tmp_path: Path, kdf_params: Argon2Params
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with mounted(store, commit_interval=3600.0) as busy:
+        racing = CommitsFirst(store, busy, times=3)
+        other = open_volume(racing, Passphrase(PASSPHRASE))  # type: ignore[arg-type]
+        check_writer(other, takeover=True)
+        mine = await trio.to_thread.run_sync(claim_writer, other)
+        assert racing.claims == 4
+        assert len(racing.made) == 3 and all(ino in other.live.inodes for ino in racing.made)
+        assert other.live.writer == mine
+    state = open_volume(store, Passphrase(PASSPHRASE)).live
+    assert state.writer == mine
+    assert state.generation == other.live.generation
+    assert sorted(state.inodes) == sorted(other.live.inodes)
+
+
+async def test_a_takeover_of_a_writer_that_always_commits_first_gives_up_naming_it(
+    tmp_path: Path, kdf_params: Argon2Params
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with mounted(store, commit_interval=3600.0) as busy:
+        racing = CommitsFirst(store, busy, times=1000)
+        other = open_volume(racing, Passphrase(PASSPHRASE))  # type: ignore[arg-type]
+        check_writer(other, takeover=True)
+        with pytest.raises(WriterConflictError) as info:
+            await trio.to_thread.run_sync(claim_writer, other)
+        assert racing.claims == CLAIM_ATTEMPTS
+        message = str(info.value)
+        assert "\n" not in message
+        assert f"pid {os.getpid()}" in message and "committed" in message, message
+        assert "unmount it" in message, message
+        await busy.fsync()  # still the writer: not fenced
+        assert busy.commits.stopped is None
+    assert open_volume(store, Passphrase(PASSPHRASE)).live.writer.released  # type: ignore[union-attr]
+
+
+async def test_a_claim_that_finds_another_new_writer_refuses_to_fence_it(
+    volume_store: ObjectStore,
+) -> None:
+    """Two mounts claiming at once: the loser used to say only "try again"; caught up,
+    it must not take the volume from the mount that won, live and just claimed."""
+    first = open_volume(volume_store, Passphrase(PASSPHRASE))
+    second = open_volume(volume_store, Passphrase(PASSPHRASE))
+    won = claim_writer(first)
+    with pytest.raises(WriterConflictError, match=f"pid {won.pid}"):
+        claim_writer(second)
+    assert open_volume(volume_store, Passphrase(PASSPHRASE)).live.writer == won
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["segment", "snapshot"])
+async def test_a_log_rekeyed_after_the_header_was_read_says_to_run_again(
+    volume_store: ObjectStore, snapshot: bool
+) -> None:
+    """Another process rekeyed the volume between this one's read of the header and its
+    load of the log: the log opened under a key epoch the header read did not name, and
+    the error called it damaged and said to move it out of the store or restore it."""
+    unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))  # epoch 0
+    async with mounted(volume_store) as volume:
+        await mkfile(volume, ROOT_INO, b"f", b"data")
+        await volume.adopt_rekey(start_rekey(volume_store))
+        await mkfile(volume, ROOT_INO, b"g", b"more")
+        await volume.fsync()  # a segment of epoch 1
+        if snapshot:
+            await volume.commits.snapshot()
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+    with pytest.raises(SealfsError) as info:
+        load_unlocked(volume_store, unlocked)
+    message = str(info.value)
+    assert "rekeyed" in message and "run the command again" in message, message
+    for advice in ("move", "restore"):
+        assert advice not in message.partition("run the command again")[0], message
+    assert not isinstance(info.value, (IntegrityError, FormatError)), message  # not damage
+    load_unlocked(volume_store, unlock(read_header(volume_store), Passphrase(PASSPHRASE)))
+
+
+def test_a_segment_naming_an_epoch_the_header_does_not_is_still_damage(
+    volume_store: ObjectStore,
+) -> None:
+    """An epoch no rekey made (the header, read again, does not name it): the store
+    forged or damaged the object, and the way out is still named, after the retry."""
+    sealed = bytearray(volume_store.get(segment_name(1)))
+    sealed[6:8] = (7).to_bytes(2, "big")  # the envelope's key epoch
+    volume_store.put_if_absent(segment_name(2), bytes(sealed))
+    with pytest.raises(IntegrityError) as info:
+        open_volume(volume_store, Passphrase(PASSPHRASE))
+    message = str(info.value)
+    assert "run the command again" in message and f"move {segment_name(2)}" in message, message

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from sealfs.crypto.envelope import ObjectKind, chunk_binding, read_envelope_epoch, reseal
-from sealfs.errors import FsError, WrongKeyError
+from sealfs.errors import FencedError, FsError, IntegrityError, WrongKeyError
 from sealfs.keys.header import HEADER_NAME, decode_header
 from sealfs.keys.rekey import begin_rekey
 from sealfs.keys.slots import (
@@ -26,7 +26,8 @@ from sealfs.store.cache import CachingStore
 from sealfs.volume.chunks import MAX_SEALED_CHUNK
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
-from sealfs.volume.loader import open_volume
+from sealfs.volume.loader import check_writer, claim_writer, open_volume
+from sealfs.volume.options import VolumeOptions
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
 from tests.volume.test_engine import ino_of, mkfile, read_all, write_at
 
@@ -286,3 +287,37 @@ async def test_a_damaged_chunk_no_file_uses_does_not_stop_the_rekey(
     assert set(epochs.values()) == {1}
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [w for w in warnings if leftover in w and "not re-sealed" in w]
+
+
+async def test_a_fenced_writer_never_replaces_a_chunk_the_new_writer_rekeyed(
+    volume_store: ObjectStore,
+) -> None:
+    """A writer taken over, not yet knowing it, read a chunk that the new writer's rekey
+    had re-sealed under an epoch it does not hold: it took the chunk for damaged, so its
+    next write of the same bytes replaced it with a copy under the old key, and the new
+    writer's file read EIO once that key was dropped."""
+    data = os.urandom(200_000)
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(volume_store, commit_interval=3600.0, chunk_cache_bytes=0) as old:
+            f = await mkfile(old, ROOT_INO, b"f", data)
+            await old.fsync()
+            loaded = open_volume(volume_store, Passphrase(PASSPHRASE))
+            check_writer(loaded, takeover=True)
+            claim_writer(loaded)
+            await rekey_to_the_end_in(Volume(loaded, VolumeOptions(commit_interval=3600.0)))
+            with pytest.raises(IntegrityError):
+                await read_all(old, f)  # under epoch 1 now, which it does not hold
+            await mkfile(old, ROOT_INO, b"g", data)  # the same bytes: the same chunk ids
+            with pytest.raises(FencedError):
+                await old.commits.commit()
+    async with mounted(volume_store) as volume:
+        assert await read_all(volume, await ino_of(volume, "f")) == data
+
+
+async def rekey_to_the_end_in(volume: Volume) -> None:
+    async with volume.running():
+        await volume.adopt_rekey(start_rekey(volume.store))
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.finished, volume.rekey.progress.error
