@@ -39,6 +39,12 @@ class NewerEpochError(IntegrityError):
         self.epoch = epoch
 
 
+class RetiredEpochError(IntegrityError):
+    """An object sealed under a key epoch older than the keys held: one a rekey retired,
+    written by a writer that had lost the volume after the rekey had re-sealed the rest
+    (or the object's epoch was forged)."""
+
+
 class RolledBackError(IntegrityError):
     """The store holds an older generation than this host saw committed there."""
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from sealfs.crypto.envelope import read_envelope_epoch
 from sealfs.crypto.subkeys import Subkeys
-from sealfs.errors import IntegrityError, NewerEpochError
+from sealfs.errors import NewerEpochError, RetiredEpochError
 
 
 class KeyRing:
@@ -47,8 +47,8 @@ class KeyRing:
         return self._retired
 
     def keys(self, epoch: int) -> Subkeys:
-        """The subkeys of epoch; IntegrityError if the volume holds none for it (NewerEpochError
-        if it is newer than the current one)."""
+        """The subkeys of epoch; NewerEpochError or RetiredEpochError if the volume holds
+        none for it (newer or older than the current one)."""
         keys = self._keys.get(epoch)
         if keys is None and epoch > self._epoch:
             raise NewerEpochError(
@@ -56,7 +56,7 @@ class KeyRing:
                 epoch,
             )
         if keys is None:
-            raise IntegrityError(
+            raise RetiredEpochError(
                 f"object is sealed under key epoch {epoch}, which this volume does not hold"
                 f" (it is at epoch {self._epoch})"
             )

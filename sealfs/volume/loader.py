@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hashlib
 import itertools
+import logging
 import os
 import socket
 import stat
@@ -30,6 +31,7 @@ from sealfs.errors import (
     NotAVolumeError,
     ObjectExistsError,
     ObjectNotFoundError,
+    RetiredEpochError,
     SealfsError,
     StoreError,
     UnsupportedVersionError,
@@ -66,6 +68,8 @@ from sealfs.meta.compact import Snapshot
 from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
 from sealfs.store.base import ObjectStore
+
+log = logging.getLogger("sealfs.volume")
 
 LOAD_WORKERS = 8  # log segments fetched at once while mounting
 LOAD_AHEAD = 32  # fetched segments waiting to be replayed, at most
@@ -352,26 +356,51 @@ def _fetch_in_order(
 def _load_snapshot(
     store: ObjectStore, ring: KeyRing, volume_id: bytes
 ) -> tuple[Snapshot | None, MetaState]:
-    for attempt in itertools.count(1):
-        names = store.list(SNAPSHOT_PREFIX)
-        if not names:
+    """The newest snapshot that the volume's keys open, and the state it holds.
+
+    One sealed under a retired key epoch is passed over for the one before it (or for
+    the whole log): a writer that had lost the volume wrote it after the new writer's
+    rekey had re-sealed the snapshots, under the key that rekey then retired. The log
+    is never deleted, so replayed from an older snapshot it gives the same state.
+    """
+    below = None  # pass over this snapshot and every newer one
+    while True:
+        found = _read_newest_snapshot(store, below)
+        if found is None:
             return None, MetaState()
+        name, sealed = found
+        gen = parse_generation(name)
         try:
-            sealed = store.get(names[-1], MAX_SEALED_METADATA)
-            break
+            return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
+        except NewerEpochError as exc:
+            fix = f"restore the store from a complete copy, or move {name} out of the store"
+            raise _rekeyed_meanwhile(store, f"snapshot {name}", exc, fix) from None
+        except RetiredEpochError as exc:
+            log.warning(
+                "snapshot %s passed over: %s (written by a writer taken over after a rekey);"
+                " replaying the log from an older one",
+                name, exc,
+            )  # fmt: skip
+            below = name
+        except (IntegrityError, FormatError) as exc:
+            raise type(exc)(f"snapshot {name} is damaged: {exc}") from None
+
+
+def _read_newest_snapshot(store: ObjectStore, below: str | None) -> tuple[str, bytes] | None:
+    """(name, sealed bytes) of the newest snapshot named before below, or None."""
+    attempt = 0
+    while True:
+        attempt += 1
+        names = [n for n in store.list(SNAPSHOT_PREFIX) if below is None or n < below]
+        if not names:
+            return None
+        try:
+            return names[-1], store.get(names[-1], MAX_SEALED_METADATA)
         except ObjectNotFoundError:
             # A writer deletes a snapshot once two newer ones are written: list again. Still
             # missing the third time, it is not that (an object listed but unreadable).
             if attempt == 3:
                 raise
-    gen = parse_generation(names[-1])
-    try:
-        return (gen, sealed), decode_snapshot(ring, volume_id, gen, sealed)
-    except NewerEpochError as exc:
-        fix = f"restore the store from a complete copy, or move {names[-1]} out of the store"
-        raise _rekeyed_meanwhile(store, f"snapshot {names[-1]}", exc, fix) from None
-    except (IntegrityError, FormatError) as exc:
-        raise type(exc)(f"snapshot {names[-1]} is damaged: {exc}") from None
 
 
 def check_writer(loaded: Loaded, *, takeover: bool) -> None:

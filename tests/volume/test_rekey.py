@@ -321,3 +321,29 @@ async def rekey_to_the_end_in(volume: Volume) -> None:
         with trio.fail_after(60):
             await volume.rekey.ended.wait()
         assert volume.rekey.progress.finished, volume.rekey.progress.error
+
+
+async def test_a_snapshot_a_fenced_writer_wrote_after_the_rekey_is_passed_over(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer taken over wrote its snapshot after the new writer's rekey had re-sealed
+    the snapshots and retired the old key: every later mount failed, calling it damaged.
+    The log it was made from is whole, so the mount replays that instead."""
+    data = os.urandom(200_000)
+    with pytest.RaisesGroup(FencedError, flatten_subgroups=True):
+        async with mounted(volume_store, commit_interval=3600.0) as old:
+            await mkfile(old, ROOT_INO, b"f", data)
+            await old.fsync()
+            loaded = open_volume(volume_store, Passphrase(PASSPHRASE))
+            check_writer(loaded, takeover=True)
+            claim_writer(loaded)
+            await rekey_to_the_end_in(Volume(loaded, VolumeOptions(commit_interval=3600.0)))
+            await old.commits.snapshot()  # under epoch 0, which the volume no longer holds
+            late = volume_store.list("s/")[-1]
+            assert read_envelope_epoch(volume_store.get(late)) == 0
+            await mkfile(old, ROOT_INO, b"g", data)
+            with pytest.raises(FencedError):
+                await old.commits.commit()
+    async with mounted(volume_store) as volume:
+        assert await read_all(volume, await ino_of(volume, "f")) == data
+    assert f"snapshot {late} passed over" in caplog.text
