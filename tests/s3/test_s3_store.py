@@ -565,6 +565,43 @@ def test_a_malformed_endpoint_is_a_config_error_naming_where_it_came_from(
         S3Store("bucket", "p", endpoint_url=endpoint if option else None).get("sealfs.vol")
 
 
+@pytest.mark.parametrize("env", ["", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("http://::1:9000", r"IPv6 address without brackets.*http://\[ADDRESS\]:PORT"),
+        ("http://2001:db8::1/", r"IPv6 address without brackets"),
+        ("http://user:pw@::1:9000", r"IPv6 address without brackets"),
+        ("http://[::1:9000", r"malformed \[address\].*http://\[ADDRESS\]:PORT"),
+        ("http://::1]:9000", r"malformed \[address\]"),
+        ("http://[127.0.0.1]:9000", r"malformed \[address\]"),
+        ("http://[::1]x:9000", r"malformed \[address\]"),
+        ("http://[::1]:99999", r"not a URL of an HTTP service"),
+    ],
+)
+def test_an_ipv6_endpoint_without_brackets_or_with_bad_ones_is_a_config_error_saying_so(
+    monkeypatch: pytest.MonkeyPatch, env: str, endpoint: str, message: str
+) -> None:
+    # "http://::1:9000" was refused as "not a URL of an HTTP service", with no word of
+    # the brackets; "http://[::1:9000" made urlsplit raise ValueError: "unexpected
+    # ValueError ... a bug in sealfs" (exit 70).
+    if env:
+        monkeypatch.setenv(env, endpoint)
+    source = env or "--s3-endpoint"
+    with pytest.raises(ConfigError, match=rf"{source}.*{message}") as info:
+        S3Store("bucket", "p", endpoint_url=None if env else endpoint)
+    assert "pw" not in str(info.value)
+
+
+def test_a_bracketed_ipv6_endpoint_works(moto_v6: str, bucket: str) -> None:
+    store = S3Store(bucket, "p", endpoint_url=moto_v6)
+    store.put_if_absent("l/0000000000000001", b"segment")
+    assert store.get("l/0000000000000001") == b"segment"
+    assert store.list("") == ["l/0000000000000001"]
+    assert store.describe() == f"s3 store s3://{bucket}/p at {moto_v6}"
+    assert S3Store(bucket, "p", endpoint_url=moto_v6 + "/").location() == store.location()
+
+
 def test_a_password_in_the_endpoint_variable_is_never_quoted(
     moto: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
