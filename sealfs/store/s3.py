@@ -614,10 +614,12 @@ class S3Store:
                 f"bucket {bucket} does not exist at {self._where()}: create it first"
                 f" (aws s3 mb s3://{bucket}) or fix the URL or --s3-endpoint"
             )
-        if status == 404 and not code and method != "get":
+        if status == 404 and code in ("", "404") and method not in ("get", "stat"):
             # S3 names what is missing (NoSuchBucket, NoSuchKey); HEAD has no body, so
             # botocore gives its code as "404". A bare 404 to anything else is a web
             # server's: "object ... not found" misled, for an object just written.
+            # botocore's code is "" for a body that parses as XML (an HTML page) and
+            # the status, "404", for an empty body or any other text.
             return StoreError(
                 f"{what}: the endpoint answered 404 without an S3 error: it is not an S3"
                 " service, or not at that path or port: fix the endpoint (--s3-endpoint"

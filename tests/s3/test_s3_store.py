@@ -43,9 +43,9 @@ class _WebPage(BaseHTTPRequestHandler):
 
     def _page(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>It works!</body></html>"
+        body, kind = getattr(self.server, "page", (b"<html><body>It works!</body></html>", ""))
         self.send_response(getattr(self.server, "status", 200))
-        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Type", kind or "text/html")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -57,10 +57,13 @@ class _WebPage(BaseHTTPRequestHandler):
         """Quiet: a test's output is not the place for an access log."""
 
 
-def _serve_pages(status: int) -> Iterator[str]:
-    """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint)."""
+def _serve_pages(status: int, page: tuple[bytes, str] | None = None) -> Iterator[str]:
+    """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint), answering
+    with page (body, content type) if given."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
     server.status = status  # type: ignore[attr-defined]
+    if page is not None:
+        server.page = page  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -75,11 +78,19 @@ def web_page() -> Iterator[str]:
     yield from _serve_pages(200)
 
 
-@pytest.fixture
-def missing_page() -> Iterator[str]:
+NOT_FOUND_PAGES = {
+    "html": (b"<html><body><h1>Not Found</h1></body></html>", "text/html"),
+    "empty": (b"", "text/plain"),
+    "text": (b"404 page not found\n", "text/plain; charset=utf-8"),  # Go's net/http
+    "json": (b'{"error": "not found"}', "application/json"),
+}
+
+
+@pytest.fixture(params=sorted(NOT_FOUND_PAGES))
+def missing_page(request: pytest.FixtureRequest) -> Iterator[str]:
     """A web server answering every request with "not found" (404), as one does when the
-    endpoint's path or port leads to no S3 service."""
-    yield from _serve_pages(404)
+    endpoint's path or port leads to no S3 service: an HTML page, an empty body, text."""
+    yield from _serve_pages(404, NOT_FOUND_PAGES[request.param])
 
 
 def test_keys_are_prefix_plus_name_and_nothing_else(moto: str, bucket: str) -> None:
@@ -235,7 +246,8 @@ def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
 ) -> None:
     # S3 answers a missing bucket or key with an error code (NoSuchBucket, NoSuchKey);
     # a bare 404 to an upload or a listing comes from something else. init reported
-    # "object probe/... not found in s3 store", a missing object where it had written one.
+    # "object probe/... not found in s3 store", a missing object where it had written one
+    # (and still did for an empty or a plain-text 404, which botocore gives the code "404").
     store = S3Store("bucket", "p", endpoint_url=missing_page)
     calls = {
         "put": lambda: store.put("c/ab/x", b"x"),
@@ -247,6 +259,17 @@ def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
     with pytest.raises(StoreError, match=r"404.*not an S3 service.*--s3-endpoint") as info:
         calls[method]()
     assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
+
+
+@pytest.mark.parametrize("method", ["get", "stat"])
+def test_a_bare_404_to_a_read_is_still_a_missing_object(
+    moto: str, missing_page: str, method: str
+) -> None:
+    # S3 itself answers a HEAD of a missing key with a bare 404 (no body): the
+    # wrong-endpoint error is for writes and listings, never for a read's "not found".
+    store = S3Store("bucket", "p", endpoint_url=missing_page)
+    with pytest.raises(ObjectNotFoundError):
+        store.get("c/ab/x") if method == "get" else store.stat("c/ab/x")
 
 
 def test_unreachable_endpoint_is_transient_then_unavailable(moto: str) -> None:
