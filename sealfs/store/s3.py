@@ -588,7 +588,12 @@ class S3Store:
         if "[X509:" in text or (isinstance(inner, OSError) and not isinstance(inner, ssl.SSLError)):
             # Loading the CA bundle failed, before any byte was sent: a missing file
             # or one holding no certificate stays so.
-            reason = inner.strerror if isinstance(inner, OSError) and inner.strerror else text
+            # botocore's text quotes the request's URL, with any user:password@ in it.
+            reason = (
+                inner.strerror
+                if isinstance(inner, OSError) and inner.strerror
+                else self._scrub(exc)
+            )
             return StoreError(
                 f"{self.describe()}: the CA bundle cannot be loaded ({reason}): fix"
                 " AWS_CA_BUNDLE (or ca_bundle in the profile) to name a PEM file of certificates"

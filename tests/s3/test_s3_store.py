@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import botocore.exceptions
 import pytest
+import urllib3.exceptions
 
 from sealfs.errors import (
     ConfigError,
@@ -306,10 +308,38 @@ def test_an_unreadable_ca_bundle_is_refused_at_once_naming_it(
     if content is not None:
         bundle.write_bytes(content)
     monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
-    store = S3Store(bucket, "p", endpoint_url=moto.replace("http://", "https://"))
+    # From the variable, with credentials in it: they are never quoted.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.replace("http://", "https://user:hunter2@"))
+    store = S3Store(bucket, "p")
     with pytest.raises(StoreError, match=r"CA bundle.*AWS_CA_BUNDLE") as info:
         store.get("sealfs.vol")
     assert not isinstance(info.value, TransientStoreError)
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_ca_bundle_failure_in_words_only_never_quotes_the_endpoint_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # When OpenSSL's reason came as words only (no OSError with a strerror beneath the
+    # botocore error), the message quoted botocore's whole text: "SSL validation failed
+    # for https://user:hunter2@host/...". botocore raises SSLError so (httpsession.py);
+    # no local file makes OpenSSL fail that way, so the error is raised here by hand.
+    endpoint = "https://user:hunter2@127.0.0.1:9"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    store = S3Store("bucket", "p")
+    reason = "[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found (_ssl.c:4154)"
+    error = botocore.exceptions.SSLError(
+        endpoint_url=f"{endpoint}/bucket/p/sealfs.vol",
+        error=urllib3.exceptions.SSLError(reason),
+    )
+
+    def fail(_client: object) -> None:
+        raise error
+
+    with pytest.raises(StoreError, match=r"CA bundle.*X509.*AWS_CA_BUNDLE") as info:
+        store._call("get", "sealfs.vol", fail)
+    assert "hunter2" not in str(info.value)
+    assert "https://127.0.0.1:9/bucket/p/sealfs.vol" in str(info.value)
 
 
 @pytest.mark.parametrize("fault", ["drop", "drop_after", "500", "503", "slowdown", "cut"])
