@@ -174,7 +174,15 @@ def test_puts_side_by_side_over_a_narrow_link_are_not_cut_again_and_again(
     with ThreadPoolExecutor(len(bodies)) as pool:
         list(pool.map(lambda i: store.put(f"c/ab/{i}", bodies[i]), range(len(bodies))))
     assert all(inner.get(f"c/ab/{i}") == body for i, body in enumerate(bodies))
-    assert inner.request_counts()["put"] <= 4 * len(bodies)
+    # How many rounds are cut before the puts fit depends on the machine's load (moto
+    # answers in this process): 11 to 17 requests when idle, up to 33 under load, where
+    # a bound of 4 per put failed 1 run in 4. Without the adaptation every round is
+    # cut: 89 to 125 requests with neither the narrower window nor the longer timeout,
+    # 75 to 92 without the longer timeout alone. 8 per put stands between the two, with
+    # room on either side. (A window that never shuts, the timeout still growing, took
+    # 37 to 41: within the bound; the longer timeout does most of the work here.)
+    puts = inner.request_counts()["put"]
+    assert puts <= 8 * len(bodies), f"{puts} requests for {len(bodies)} puts"
 
 
 def test_a_put_does_not_wait_for_room_once_puts_have_failed_for_a_whole_timeout() -> None:
