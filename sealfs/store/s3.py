@@ -28,6 +28,7 @@ import collections
 import contextlib
 import http.client
 import os
+import re
 import secrets
 import socket
 import ssl
@@ -261,6 +262,9 @@ def _endpoint_location(endpoint: str) -> str:
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
+_BRACKETED_HOST_RE = re.compile(r"\[[^\[\]/@]+\](:[0-9]+)?")
+
+
 def _check_endpoint(endpoint: str | None, source: str) -> None:
     """Raise ConfigError for an endpoint URL that names no HTTP service.
 
@@ -270,11 +274,30 @@ def _check_endpoint(endpoint: str | None, source: str) -> None:
     """
     if not endpoint:
         return
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError:  # a "[" not closed, or no IPv6 address in it
+        parts = urlsplit("")
     try:
         port_ok = parts.port is None or parts.port > 0
     except ValueError:  # no number, or out of range
         port_ok = False
+    host = endpoint.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
+    if "[" in host or "]" in host:
+        if not _BRACKETED_HOST_RE.fullmatch(host) or not parts.hostname:
+            # urlsplit raised ValueError ("Invalid IPv6 URL"): exit 70, "a bug in sealfs".
+            raise ConfigError(
+                f"the S3 endpoint in {source} has a malformed [address]: only an IPv6"
+                " address goes in brackets, closed before the port: http://[ADDRESS]:PORT"
+                " (e.g. http://[::1]:9000)"
+            )
+    elif host.count(":") > 1:
+        # http://::1:9000 cannot tell the address from the port: urlsplit took "" for
+        # the host, and the message named no bracket.
+        raise ConfigError(
+            f"the S3 endpoint in {source} holds an IPv6 address without brackets: write it"
+            " as http://[ADDRESS]:PORT (e.g. http://[::1]:9000)"
+        )
     if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname or not port_ok:
         raise ConfigError(
             f"the S3 endpoint in {source} is not a URL of an HTTP service: give"
@@ -344,13 +367,14 @@ class S3Store:
         self.bucket = validate_bucket(bucket)
         self.prefix = normalize_key_prefix(prefix)
         self._root = f"{self.prefix}/" if self.prefix else ""
+        self.endpoint_url = endpoint_url or None
+        # First: urlsplit raises ValueError for a malformed [IPv6 address].
+        _check_endpoint(self._custom_endpoint(), self._endpoint_source())
         if endpoint_url and "@" in urlsplit(endpoint_url).netloc:
             raise ConfigError(
                 "the S3 endpoint URL takes no credentials: use the environment, a profile"
                 " or an instance role"
             )
-        self.endpoint_url = endpoint_url or None
-        _check_endpoint(self._custom_endpoint(), self._endpoint_source())
         self.region = region or None
         self.profile = profile or None
         self.max_pool = max_pool
@@ -564,7 +588,12 @@ class S3Store:
         if "[X509:" in text or (isinstance(inner, OSError) and not isinstance(inner, ssl.SSLError)):
             # Loading the CA bundle failed, before any byte was sent: a missing file
             # or one holding no certificate stays so.
-            reason = inner.strerror if isinstance(inner, OSError) and inner.strerror else text
+            # botocore's text quotes the request's URL, with any user:password@ in it.
+            reason = (
+                inner.strerror
+                if isinstance(inner, OSError) and inner.strerror
+                else self._scrub(exc)
+            )
             return StoreError(
                 f"{self.describe()}: the CA bundle cannot be loaded ({reason}): fix"
                 " AWS_CA_BUNDLE (or ca_bundle in the profile) to name a PEM file of certificates"
@@ -590,10 +619,12 @@ class S3Store:
                 f"bucket {bucket} does not exist at {self._where()}: create it first"
                 f" (aws s3 mb s3://{bucket}) or fix the URL or --s3-endpoint"
             )
-        if status == 404 and not code and method != "get":
+        if status == 404 and code in ("", "404") and method not in ("get", "stat"):
             # S3 names what is missing (NoSuchBucket, NoSuchKey); HEAD has no body, so
             # botocore gives its code as "404". A bare 404 to anything else is a web
             # server's: "object ... not found" misled, for an object just written.
+            # botocore's code is "" for a body that parses as XML (an HTML page) and
+            # the status, "404", for an empty body or any other text.
             return StoreError(
                 f"{what}: the endpoint answered 404 without an S3 error: it is not an S3"
                 " service, or not at that path or port: fix the endpoint (--s3-endpoint"

@@ -1,9 +1,10 @@
 """S3 fixtures: the run's moto server, a bucket per test, a fault proxy, a narrow link,
 S3 volumes.
 
-Everything talks HTTP to 127.0.0.1 only: moto binds 127.0.0.1 (never
-0.0.0.0), the proxy too, and the environment holds fake credentials, no
-profile and no instance metadata (tests/s3/server.py).
+Everything talks HTTP to the loopback only: moto binds 127.0.0.1 (never
+0.0.0.0; a second server, for IPv6 endpoints, [::1]), the proxy too, and the
+environment holds fake credentials, no profile and no instance metadata
+(tests/s3/server.py).
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ import pytest
 from tests.mounts import CHEAP_KDF, VolumeEnv, daemon_pids, sealfs
 from tests.s3.link import NarrowLink
 from tests.s3.proxy import FaultProxy
-from tests.s3.server import moto_endpoint, new_bucket
+from tests.s3.server import moto_endpoint, moto_endpoint_v6, new_bucket
 
 
 @pytest.fixture(scope="session")
 def moto() -> str:
     """The endpoint URL of the run's moto server (http://127.0.0.1:PORT)."""
     return moto_endpoint()
+
+
+@pytest.fixture(scope="session")
+def moto_v6(moto: str) -> str:
+    """http://[::1]:PORT of a moto server on the IPv6 loopback (skips without one)."""
+    endpoint = moto_endpoint_v6()
+    if endpoint is None:
+        pytest.skip("this host has no IPv6 loopback")
+    return endpoint
 
 
 @pytest.fixture

@@ -1,5 +1,8 @@
 """One moto S3 server per test run, on 127.0.0.1, started on first use.
 
+A second server on the IPv6 loopback [::1] serves the tests of bracketed IPv6
+endpoints (moto keeps its state per process: both see the same buckets).
+
 Used by the S3 fixtures (tests/s3/conftest.py) and by the S3 factory of the
 store conformance suite (tests/store/conftest.py), which cannot take fixtures.
 The environment gets fake credentials and no way to reach a real AWS: no
@@ -13,6 +16,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
 from typing import Any
@@ -33,6 +37,7 @@ CLEARED_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_RE
 
 _lock = threading.Lock()
 _started: list[str] = []  # the endpoint, once the server runs
+_started_v6: list[str | None] = []  # the [::1] endpoint, or None without IPv6 loopback
 
 
 def fake_aws_environment() -> None:
@@ -74,18 +79,38 @@ def moto_endpoint() -> str:
     """http://127.0.0.1:PORT of the run's moto server (started now if need be)."""
     with _lock:
         if not _started:
-            from moto.server import ThreadedMotoServer  # noqa: PLC0415 - slow; S3 tests only
-
             fake_aws_environment()
             make_conditional_puts_atomic()
             logging.getLogger("werkzeug").setLevel(logging.ERROR)
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-            server.start()
-            host, port = server.get_host_and_port()
-            assert host == "127.0.0.1", host
-            atexit.register(server.stop)
-            _started.append(f"http://127.0.0.1:{port}")
+            _started.append(_start_moto("127.0.0.1"))
         return _started[0]
+
+
+def moto_endpoint_v6() -> str | None:
+    """http://[::1]:PORT of a moto server on the IPv6 loopback, None if it has none."""
+    moto_endpoint()  # the environment, the patch of conditional PUTs
+    with _lock:
+        if not _started_v6:
+            try:  # the server's thread would fail to bind, and start() wait for ever
+                with socket.socket(socket.AF_INET6) as probe:
+                    probe.bind(("::1", 0))
+            except OSError:  # no IPv6 loopback on this host
+                _started_v6.append(None)
+            else:
+                _started_v6.append(_start_moto("::1"))
+        return _started_v6[0]
+
+
+def _start_moto(address: str) -> str:
+    """Start a moto server on the loopback address; its endpoint URL."""
+    from moto.server import ThreadedMotoServer  # noqa: PLC0415 - slow; S3 tests only
+
+    server = ThreadedMotoServer(ip_address=address, port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    assert host == address, host
+    atexit.register(server.stop)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def client(endpoint: str | None = None) -> Any:

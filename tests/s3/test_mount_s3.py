@@ -525,6 +525,40 @@ def init_through(proxy: FaultProxy, bucket: str, tmp_path: Path) -> Any:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("via_env", [False, True])
+@pytest.mark.parametrize("endpoint", ["http://::1:9000", "http://[::1:9000"])
+def test_init_with_an_ipv6_endpoint_without_brackets_is_a_one_line_config_error(
+    tmp_path: Path, via_env: bool, endpoint: str
+) -> None:
+    # "http://[::1:9000" ended "unexpected ValueError ... a bug in sealfs" (exit 70);
+    # "http://::1:9000" named no bracket.
+    passfile = tmp_path / "pass"
+    write_secret(passfile, PASSPHRASE + "\n")
+    option = [] if via_env else ["--s3-endpoint", endpoint]
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint} if via_env else None
+    result = sealfs(
+        "init", "s3://bucket/vol", *option, "--passphrase-file", str(passfile),
+        "--recovery-key-file", str(tmp_path / "recovery"), *CHEAP_KDF, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "http://[ADDRESS]:PORT" in result.stderr
+    assert ("AWS_ENDPOINT_URL" if via_env else "--s3-endpoint") in result.stderr
+
+
+def test_init_and_status_through_a_bracketed_ipv6_endpoint(
+    tmp_path: Path, bucket: str, moto_v6: str
+) -> None:
+    env = S3VolumeEnv(tmp_path, url=f"s3://{bucket}/vol", endpoint=moto_v6)
+    env.init()
+    result = sealfs(
+        "status", env.url, "--s3-endpoint", moto_v6, "--passphrase-file", str(env.passfile),
+        "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["store"] == f"s3 store {env.url} at {moto_v6}"
+
+
 def test_init_refuses_a_service_that_ignores_if_none_match(
     tmp_path: Path, bucket: str, proxy: FaultProxy
 ) -> None:

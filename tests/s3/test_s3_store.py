@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import botocore.exceptions
 import pytest
+import urllib3.exceptions
 
 from sealfs.errors import (
     ConfigError,
@@ -43,9 +45,9 @@ class _WebPage(BaseHTTPRequestHandler):
 
     def _page(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>It works!</body></html>"
+        body, kind = getattr(self.server, "page", (b"<html><body>It works!</body></html>", ""))
         self.send_response(getattr(self.server, "status", 200))
-        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Type", kind or "text/html")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -57,10 +59,13 @@ class _WebPage(BaseHTTPRequestHandler):
         """Quiet: a test's output is not the place for an access log."""
 
 
-def _serve_pages(status: int) -> Iterator[str]:
-    """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint)."""
+def _serve_pages(status: int, page: tuple[bytes, str] | None = None) -> Iterator[str]:
+    """http://127.0.0.1:PORT of a web server that is not S3 (a mistyped endpoint), answering
+    with page (body, content type) if given."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
     server.status = status  # type: ignore[attr-defined]
+    if page is not None:
+        server.page = page  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -75,11 +80,19 @@ def web_page() -> Iterator[str]:
     yield from _serve_pages(200)
 
 
-@pytest.fixture
-def missing_page() -> Iterator[str]:
+NOT_FOUND_PAGES = {
+    "html": (b"<html><body><h1>Not Found</h1></body></html>", "text/html"),
+    "empty": (b"", "text/plain"),
+    "text": (b"404 page not found\n", "text/plain; charset=utf-8"),  # Go's net/http
+    "json": (b'{"error": "not found"}', "application/json"),
+}
+
+
+@pytest.fixture(params=sorted(NOT_FOUND_PAGES))
+def missing_page(request: pytest.FixtureRequest) -> Iterator[str]:
     """A web server answering every request with "not found" (404), as one does when the
-    endpoint's path or port leads to no S3 service."""
-    yield from _serve_pages(404)
+    endpoint's path or port leads to no S3 service: an HTML page, an empty body, text."""
+    yield from _serve_pages(404, NOT_FOUND_PAGES[request.param])
 
 
 def test_keys_are_prefix_plus_name_and_nothing_else(moto: str, bucket: str) -> None:
@@ -161,7 +174,15 @@ def test_puts_side_by_side_over_a_narrow_link_are_not_cut_again_and_again(
     with ThreadPoolExecutor(len(bodies)) as pool:
         list(pool.map(lambda i: store.put(f"c/ab/{i}", bodies[i]), range(len(bodies))))
     assert all(inner.get(f"c/ab/{i}") == body for i, body in enumerate(bodies))
-    assert inner.request_counts()["put"] <= 4 * len(bodies)
+    # How many rounds are cut before the puts fit depends on the machine's load (moto
+    # answers in this process): 11 to 17 requests when idle, up to 33 under load, where
+    # a bound of 4 per put failed 1 run in 4. Without the adaptation every round is
+    # cut: 89 to 125 requests with neither the narrower window nor the longer timeout,
+    # 75 to 92 without the longer timeout alone. 8 per put stands between the two, with
+    # room on either side. (A window that never shuts, the timeout still growing, took
+    # 37 to 41: within the bound; the longer timeout does most of the work here.)
+    puts = inner.request_counts()["put"]
+    assert puts <= 8 * len(bodies), f"{puts} requests for {len(bodies)} puts"
 
 
 def test_a_put_does_not_wait_for_room_once_puts_have_failed_for_a_whole_timeout() -> None:
@@ -235,7 +256,8 @@ def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
 ) -> None:
     # S3 answers a missing bucket or key with an error code (NoSuchBucket, NoSuchKey);
     # a bare 404 to an upload or a listing comes from something else. init reported
-    # "object probe/... not found in s3 store", a missing object where it had written one.
+    # "object probe/... not found in s3 store", a missing object where it had written one
+    # (and still did for an empty or a plain-text 404, which botocore gives the code "404").
     store = S3Store("bucket", "p", endpoint_url=missing_page)
     calls = {
         "put": lambda: store.put("c/ab/x", b"x"),
@@ -247,6 +269,17 @@ def test_a_404_without_an_s3_error_is_no_missing_object_but_a_wrong_endpoint(
     with pytest.raises(StoreError, match=r"404.*not an S3 service.*--s3-endpoint") as info:
         calls[method]()
     assert not isinstance(info.value, ObjectNotFoundError | TransientStoreError)
+
+
+@pytest.mark.parametrize("method", ["get", "stat"])
+def test_a_bare_404_to_a_read_is_still_a_missing_object(
+    moto: str, missing_page: str, method: str
+) -> None:
+    # S3 itself answers a HEAD of a missing key with a bare 404 (no body): the
+    # wrong-endpoint error is for writes and listings, never for a read's "not found".
+    store = S3Store("bucket", "p", endpoint_url=missing_page)
+    with pytest.raises(ObjectNotFoundError):
+        store.get("c/ab/x") if method == "get" else store.stat("c/ab/x")
 
 
 def test_unreachable_endpoint_is_transient_then_unavailable(moto: str) -> None:
@@ -283,10 +316,38 @@ def test_an_unreadable_ca_bundle_is_refused_at_once_naming_it(
     if content is not None:
         bundle.write_bytes(content)
     monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
-    store = S3Store(bucket, "p", endpoint_url=moto.replace("http://", "https://"))
+    # From the variable, with credentials in it: they are never quoted.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.replace("http://", "https://user:hunter2@"))
+    store = S3Store(bucket, "p")
     with pytest.raises(StoreError, match=r"CA bundle.*AWS_CA_BUNDLE") as info:
         store.get("sealfs.vol")
     assert not isinstance(info.value, TransientStoreError)
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_ca_bundle_failure_in_words_only_never_quotes_the_endpoint_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # When OpenSSL's reason came as words only (no OSError with a strerror beneath the
+    # botocore error), the message quoted botocore's whole text: "SSL validation failed
+    # for https://user:hunter2@host/...". botocore raises SSLError so (httpsession.py);
+    # no local file makes OpenSSL fail that way, so the error is raised here by hand.
+    endpoint = "https://user:hunter2@127.0.0.1:9"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    store = S3Store("bucket", "p")
+    reason = "[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found (_ssl.c:4154)"
+    error = botocore.exceptions.SSLError(
+        endpoint_url=f"{endpoint}/bucket/p/sealfs.vol",
+        error=urllib3.exceptions.SSLError(reason),
+    )
+
+    def fail(_client: object) -> None:
+        raise error
+
+    with pytest.raises(StoreError, match=r"CA bundle.*X509.*AWS_CA_BUNDLE") as info:
+        store._call("get", "sealfs.vol", fail)
+    assert "hunter2" not in str(info.value)
+    assert "https://127.0.0.1:9/bucket/p/sealfs.vol" in str(info.value)
 
 
 @pytest.mark.parametrize("fault", ["drop", "drop_after", "500", "503", "slowdown", "cut"])
@@ -360,34 +421,24 @@ def test_a_clock_off_is_not_reported_as_access_denied(
 @pytest.mark.parametrize(
     ("refusal", "said", "not_said"),
     [
-        ("expired", "session token expired", "not valid"),
-        ("badtoken", "AWS_SESSION_TOKEN", "expired"),
+        ("expired", r"session token expired.*remount", "not valid"),
+        ("badtoken", r"not valid.*AWS_SESSION_TOKEN", "expired"),
     ],
 )
-def test_an_invalid_session_token_is_not_reported_as_expired(
+def test_an_expired_or_invalid_session_token_is_named_with_its_own_fix(
     moto: str, bucket: str, proxy: FaultProxy, refusal: str, said: str, not_said: str
 ) -> None:
     # InvalidToken (a malformed token, or a stale AWS_SESSION_TOKEN left beside
     # long-term keys) was reported as "the session token expired: refresh the
     # credentials", which a refresh does not cure when the variable is the trouble.
+    # And ExpiredToken said "refresh the credentials" alone: a mount's daemon read
+    # AWS_* when it started and never again, so credentials refreshed in the shell
+    # did not reach it, and every fsync kept failing with the same advice.
     store = S3Store(bucket, "p", endpoint_url=proxy.url)
     proxy.set_faults(1.0, [refusal])
     with pytest.raises(StoreError, match=said) as info:
         store.put("c/ab/x", b"x")
     assert not_said not in str(info.value)
-    assert not isinstance(info.value, TransientStoreError)
-
-
-def test_an_expired_token_says_a_mount_keeps_the_credentials_it_started_with(
-    moto: str, bucket: str, proxy: FaultProxy
-) -> None:
-    # "refresh the credentials" alone: a mount's daemon read AWS_* when it started and
-    # never again, so credentials refreshed in the shell did not reach it, and every
-    # fsync kept failing with the same advice.
-    store = S3Store(bucket, "p", endpoint_url=proxy.url)
-    proxy.set_faults(1.0, ["expired"])
-    with pytest.raises(StoreError, match=r"session token expired.*remount") as info:
-        store.put("c/ab/x", b"x")
     assert not isinstance(info.value, TransientStoreError)
 
 
@@ -563,6 +614,43 @@ def test_a_malformed_endpoint_is_a_config_error_naming_where_it_came_from(
     source = "--s3-endpoint" if option else env
     with pytest.raises(ConfigError, match=rf"{source}.*http://.*https://"):
         S3Store("bucket", "p", endpoint_url=endpoint if option else None).get("sealfs.vol")
+
+
+@pytest.mark.parametrize("env", ["", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("http://::1:9000", r"IPv6 address without brackets.*http://\[ADDRESS\]:PORT"),
+        ("http://2001:db8::1/", r"IPv6 address without brackets"),
+        ("http://user:pw@::1:9000", r"IPv6 address without brackets"),
+        ("http://[::1:9000", r"malformed \[address\].*http://\[ADDRESS\]:PORT"),
+        ("http://::1]:9000", r"malformed \[address\]"),
+        ("http://[127.0.0.1]:9000", r"malformed \[address\]"),
+        ("http://[::1]x:9000", r"malformed \[address\]"),
+        ("http://[::1]:99999", r"not a URL of an HTTP service"),
+    ],
+)
+def test_an_ipv6_endpoint_without_brackets_or_with_bad_ones_is_a_config_error_saying_so(
+    monkeypatch: pytest.MonkeyPatch, env: str, endpoint: str, message: str
+) -> None:
+    # "http://::1:9000" was refused as "not a URL of an HTTP service", with no word of
+    # the brackets; "http://[::1:9000" made urlsplit raise ValueError: "unexpected
+    # ValueError ... a bug in sealfs" (exit 70).
+    if env:
+        monkeypatch.setenv(env, endpoint)
+    source = env or "--s3-endpoint"
+    with pytest.raises(ConfigError, match=rf"{source}.*{message}") as info:
+        S3Store("bucket", "p", endpoint_url=None if env else endpoint)
+    assert "pw" not in str(info.value)
+
+
+def test_a_bracketed_ipv6_endpoint_works(moto_v6: str, bucket: str) -> None:
+    store = S3Store(bucket, "p", endpoint_url=moto_v6)
+    store.put_if_absent("l/0000000000000001", b"segment")
+    assert store.get("l/0000000000000001") == b"segment"
+    assert store.list("") == ["l/0000000000000001"]
+    assert store.describe() == f"s3 store s3://{bucket}/p at {moto_v6}"
+    assert S3Store(bucket, "p", endpoint_url=moto_v6 + "/").location() == store.location()
 
 
 def test_a_password_in_the_endpoint_variable_is_never_quoted(
