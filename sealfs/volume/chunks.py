@@ -37,8 +37,9 @@ from sealfs.errors import (
     ObjectNotFoundError,
     StoreUnavailableError,
 )
+from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE, decode_header
 from sealfs.store.base import ObjectStore
-from sealfs.store.cache import get_opened
+from sealfs.store.cache import get_opened, get_stored
 
 log = logging.getLogger("sealfs.volume")
 
@@ -174,35 +175,63 @@ class Chunks:
                 sealed = seal_object(
                     keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD, epoch=epoch
                 )
-            self._put_new(chunk_name(cid), sealed, replace=cid in self._unusable)
+            self._put_new(cid, chunk_name(cid), sealed, replace=cid in self._unusable)
         self._unusable.discard(cid)
         # Recorded in the chunk table even where _put_new kept the store's copy: the
         # table lacks it (it was not in known).
         return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
 
-    def _put_new(self, name: str, sealed: bytes, *, replace: bool) -> None:
+    def _put_new(self, cid: bytes, name: str, sealed: bytes, *, replace: bool) -> None:
         """Put a chunk, keeping one already under its name unless it is known damaged.
 
         The name says what the chunk holds, so an object found there is this chunk
         sealed by another: a commit that crashed before its segment, or the writer
         that took the volume over, which a rekey may have re-sealed under a key this
         writer lacks (replacing that made the chunk unreadable once the old key was
-        retired). Only a copy of another size is replaced: the same content sealed
-        under any epoch is the same size, and a crash before the store's sync can
-        leave a new file empty or cut short.
+        retired). A found copy is kept only if it opens, or is sealed under a newer key
+        epoch that the volume's header names: a crash before the store's sync can leave
+        a new file empty, cut short or, at its full size, holding zeros or stale blocks
+        (ext4 data=writeback), and a commit kept such a copy for the data it
+        committed, which then read EIO.
         """
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
-            try:
-                kept = self._store.stat(name).size
-            except ObjectNotFoundError:  # removed since: ours is as good
-                kept = -1
-            if kept != len(sealed):
-                log.info(
-                    "chunk %s in the store is %d bytes, not %d: replaced", name, kept, len(sealed)
-                )
+            why = self._unfit(cid, name)
+            if why is not None:
+                log.info("chunk %s in the store %s: replaced", name, why)
                 self._store.put(name, sealed)
+
+    def _unfit(self, cid: bytes, name: str) -> str | None:
+        """Why the store's own copy of chunk name cannot stand for this writer's, or None."""
+        try:
+            found = get_stored(self._store, name, MAX_SEALED_CHUNK)
+        except ObjectNotFoundError:
+            return "is gone"
+        except FormatError as exc:  # larger than any chunk, or not a regular file
+            return f"is malformed ({exc})"
+        try:
+            self._open(cid, found)
+        except NewerEpochError as exc:
+            if self._rekeyed_to(exc.epoch):
+                return None  # the new writer's rekey re-sealed it: never this writer's to undo
+            return f"names key epoch {exc.epoch}, which the volume's header does not"
+        except (IntegrityError, FormatError) as exc:
+            return f"does not open ({exc})"
+        return None
+
+    def _rekeyed_to(self, epoch: int) -> bool:
+        """Whether the volume's header (as the store holds it now) names key epoch epoch
+        or a later one: an object sealed under it is another writer's rekey, not damage.
+
+        A header that cannot be parsed says nothing either way: taken as a rekey, so that
+        a writer taken over never replaces what the new writer made.
+        """
+        try:
+            data = self._store.get(HEADER_NAME, MAX_HEADER_SIZE)
+            return decode_header(data).data_epoch >= epoch
+        except (FormatError, ObjectNotFoundError):
+            return True
 
     async def store(
         self,
@@ -285,6 +314,12 @@ class Chunks:
             self._unusable.add(chunk_id)
             raise ObjectNotFoundError(f"chunk {name} is missing from the store") from None
         except NewerEpochError as exc:
+            if not self._rekeyed_to(exc.epoch):  # damaged where it names its epoch
+                self._unusable.add(chunk_id)
+                raise IntegrityError(
+                    f"chunk {name} failed authentication: {exc}, which the volume's header"
+                    " does not name"
+                ) from None
             # Not damage: another writer, which took the volume over, rekeyed it. Taken
             # for damaged, the chunk was replaced at the next write of its bytes with a
             # copy under this mount's key, which that writer then dropped.

@@ -189,3 +189,51 @@ async def test_a_chunk_another_writer_put_is_kept_unless_it_is_cut_short(
             assert len(now) == len(sealed), f"a cut copy of {name} was kept"
     async with mounted(volume_store) as volume:
         assert await read_file(volume, b"ours") == data
+
+
+@pytest.mark.parametrize("found", ["flipped byte", "zeros"])
+async def test_a_found_chunk_of_the_same_size_that_does_not_open_is_replaced(
+    volume_store: MemoryStore, found: str
+) -> None:
+    """Regression: a chunk found in the store was kept whenever its size was right, so a
+    crash leftover that a file system kept at its full size but not its bytes (zeros or
+    stale blocks: ext4 data=writeback) was kept for new data, which read EIO once committed."""
+    data = os.urandom(300_000)
+    other = copy_store(volume_store)
+    async with mounted(other) as volume:
+        await write_file(volume, b"theirs", data)
+    for name in other.list("c/"):
+        sealed = bytearray(other.get(name))
+        if found == "zeros":
+            sealed[:] = bytes(len(sealed))
+        else:
+            sealed[len(sealed) // 2] ^= 0xFF
+        volume_store.put(name, bytes(sealed))
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"ours", data)
+        await volume.fsync()
+    async with mounted(volume_store) as volume:
+        assert await read_file(volume, b"ours") == data
+
+
+async def test_a_chunk_damaged_in_its_key_epoch_is_repaired_by_writing_its_bytes_again(
+    volume_store: MemoryStore,
+) -> None:
+    """Regression: a chunk whose epoch field named an epoch above the volume's was taken
+    for another writer's rekey, never for damage: not marked unusable, it was kept when
+    its bytes were written again, and stayed unreadable for good."""
+    data = os.urandom(300_000)
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"damaged", data)
+    for name in volume_store.list("c/"):
+        sealed = bytearray(volume_store.get(name))
+        sealed[7] ^= 0x05  # the low byte of the key epoch (big-endian, bytes 6-7)
+        volume_store.put(name, bytes(sealed))
+    async with mounted(volume_store) as volume:
+        with pytest.raises(IntegrityError, match=r"failed authentication: .* header does not"):
+            await read_file(volume, b"damaged")
+        await write_file(volume, b"rewritten", data)
+        await volume.fsync()
+    async with mounted(volume_store) as volume:
+        assert await read_file(volume, b"rewritten") == data
+        assert await read_file(volume, b"damaged") == data
