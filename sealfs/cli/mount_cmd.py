@@ -66,7 +66,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="commit buffered writes at least this often (default 1)",
+        help="commit buffered writes at least this often; a read-only mount looks for the"
+        " writer's new commits this often (default 1)",
     )
     p.add_argument("--sync-on-close", action="store_true", help="close(2) waits for a commit")
     p.add_argument("--read-only", action="store_true", help="mount without writing")

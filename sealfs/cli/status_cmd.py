@@ -144,6 +144,8 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("daemon log", where or "its stderr (--foreground)"))
         if s.get("stopped") and not s["fenced"]:
             rows.append(("stopped", str(s["stopped"])))
+        if s.get("follow_stopped"):
+            rows.append(("not following", f"{s['follow_stopped']}; remount to see later changes"))
     return rows
 
 

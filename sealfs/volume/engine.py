@@ -45,8 +45,9 @@ from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import RESERVED_WORKERS, Chunks
 from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
+from sealfs.volume.follower import Batch, Follower
 from sealfs.volume.leftovers import clear_crash_leftovers
-from sealfs.volume.loader import Loaded, read_header, release_record
+from sealfs.volume.loader import Loaded, read_header, release_record, replay_new_segment
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import Rekeyer
 
@@ -109,6 +110,16 @@ class Volume:
         self.rekey: Rekeyer | None = None
         self._rekey_scope = trio.CancelScope()
         self._rekey_stopped = trio.Event()
+        # A read-only mount follows the writer's commits; one that was writable never
+        # does (turned read-only, fenced, it holds changes the log does not).
+        self.follower = (
+            Follower(loaded, self._limiter, options.commit_interval, self._adopt_followed)
+            if self.read_only
+            else None
+        )
+        # Files open here that the writer deleted since: readable until closed, as an
+        # unlinked file is on the writer's own mount.
+        self._detached: dict[int, Inode] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -123,6 +134,8 @@ class Volume:
                 nursery.start_soon(clear_crash_leftovers, self.store, self._limiter)
                 if self.loaded.keys.retired_epoch is not None:
                     self._start_rekey()  # one was interrupted: carry on
+            elif self.follower is not None:
+                nursery.start_soon(self.follower.loop)
             try:
                 yield self
                 if not self.read_only:
@@ -239,13 +252,26 @@ class Volume:
         if op[0] in _LISTING_CHANGES:
             self._listings.pop(op[1], None)  # a directory whose names changed, or is gone
 
+    def _adopt_followed(self, batch: Batch) -> None:
+        """Apply segments the writer committed, in order, with no await between them."""
+        open_here = {ino: self.meta.inodes.get(ino) for ino in self._opens}
+        try:
+            for name, logged in batch:
+                replay_new_segment(self.meta, name, logged)
+        finally:
+            self._listings.clear()  # any directory may have changed
+            for ino, inode in open_here.items():
+                if inode is not None and ino not in self.meta.inodes:
+                    self._detached[ino] = inode
+            self.commits.start()  # status shows the generation followed
+
     def _attr(self, inode: Inode) -> Attr:
         return attr_of(inode, self.files.buffered_in(inode.ino))
 
     # -- lookups -----------------------------------------------------------------------
 
     def inode(self, ino: int) -> Inode:
-        inode = self.meta.inodes.get(ino)
+        inode = self.meta.inodes.get(ino) or self._detached.get(ino)
         if inode is None:
             raise FsError(errno.ENOENT)
         return inode
@@ -410,6 +436,8 @@ class Volume:
         self._maybe_delete(victim.ino)
 
     def _maybe_delete(self, ino: int) -> None:
+        if not self._opens.get(ino):
+            self._detached.pop(ino, None)
         inode = self.meta.inodes.get(ino)
         if inode is None or inode.nlink > 0 or ino == ROOT_INO:
             return

@@ -221,9 +221,52 @@ def _replay_log(
     Both a mount's load and a claim that lost the generation race (catching up
     with what the writer committed meanwhile) come here.
     """
-    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
     previous = b""  # the sealed bytes of the segment before, once one was read
-    with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
+    with contextlib.closing(_segments_after(store, ring, volume_id, state)) as segments:
+        for name, sealed, logged in segments:
+            _replay_one(state, name, logged, previous)
+            tail.append(logged)
+            previous = sealed
+
+
+def fetch_new_segments(loaded: Loaded, limit: int) -> list[tuple[str, LoggedSegment]]:
+    """Up to limit segments after the live state's generation, each opened and checked.
+
+    For a read-only mount following the writer: it runs in a worker thread while
+    the state stands still, and replay_new_segment applies them on the FUSE loop.
+    The segments before one that fails are returned; the next call raises its error.
+    """
+    got: list[tuple[str, LoggedSegment]] = []
+    state = loaded.live
+    with contextlib.closing(
+        _segments_after(loaded.store, loaded.keys, loaded.volume_id, state, limit)
+    ) as segments:
+        try:
+            for name, _, logged in segments:
+                got.append((name, logged))
+        except SealfsError:
+            if not got:
+                raise
+    return got
+
+
+def replay_new_segment(state: MetaState, name: str, logged: LoggedSegment) -> None:
+    """Apply one segment fetch_new_segments returned; IntegrityError naming the fix if
+    it does not extend the log this state holds."""
+    _replay_one(state, name, logged, b"")
+
+
+def _segments_after(
+    store: ObjectStore, ring: KeyRing, volume_id: bytes, state: MetaState, limit: int | None = None
+) -> Generator[tuple[str, bytes, LoggedSegment], None, None]:
+    """(name, sealed bytes, opened segment) of each segment after state's generation.
+
+    Lazily: an error names its fix from the state as replayed up to it.
+    """
+    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
+    with contextlib.closing(
+        _fetch_in_order(store, names[:limit])
+    ) as fetched:  # no thread outlives it
         for name, sealed in fetched:
             gen = parse_generation(name)
             try:
@@ -238,14 +281,17 @@ def _replay_log(
                 raise type(exc)(
                     f"log segment {name} is damaged: {exc}{f'; {fix}' if fix else ''}"
                 ) from None
-            try:
-                replay_segment(state, logged)
-            except IntegrityError as exc:
-                if previous and logged.segment.prev_hash == hashlib.sha256(previous).digest():
-                    raise _older_chain(name) from None
-                raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
-            tail.append(logged)
-            previous = sealed
+            yield name, sealed, logged
+
+
+def _replay_one(state: MetaState, name: str, logged: LoggedSegment, previous: bytes) -> None:
+    """Apply segment name; previous: the sealed bytes of the one before, if read."""
+    try:
+        replay_segment(state, logged)
+    except IntegrityError as exc:
+        if previous and logged.segment.prev_hash == hashlib.sha256(previous).digest():
+            raise _older_chain(name) from None
+        raise IntegrityError(f"{exc}; {_log_fix(name, state)}") from None
 
 
 def _rekeyed_meanwhile(

@@ -63,6 +63,8 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "read_only": volume.read_only,
         "fenced": isinstance(commits.stopped, FencedError),
         "stopped": None if commits.stopped is None else str(commits.stopped),
+        # A read-only mount that can no longer follow the writer's commits says why.
+        "follow_stopped": None if volume.follower is None else volume.follower.stopped,
         # The commits failing since the last that succeeded (a store unreachable or full).
         "commit_failure": None if commits.failing is None else asdict(commits.failing),
         "commit_running_since_ns": commits.running_since_ns,

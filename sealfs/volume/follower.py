@@ -1,0 +1,91 @@
+"""A read-only mount following the generations a writer elsewhere commits.
+
+The writer only ever adds log segments (none is rewritten or deleted), so
+following is what mounting did, again and again: replay what the log holds past
+this mount's generation. Each segment is opened and authenticated in a worker
+thread and applied on the FUSE loop between two requests, whole, so a reader
+always sees a committed generation, never part of one.
+
+The kernel keeps what it learnt for one second on a read-only mount (entry and
+attribute timeouts, and no page cache kept across opens), so a change shows
+within a second of being replayed; a file open here keeps its cached pages
+until it is opened again, as over NFS.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from sealfs.errors import SealfsError, StoreError, VolumeChangedError
+from sealfs.meta.codec import LoggedSegment
+from sealfs.volume.committer import RetryLog
+from sealfs.volume.loader import Loaded, fetch_new_segments
+
+log = logging.getLogger("sealfs.volume")
+
+FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long outage's backlog)
+
+Batch = list[tuple[str, LoggedSegment]]
+
+
+class Follower:
+    """Looks for new segments every interval and hands them to adopt, in order."""
+
+    def __init__(
+        self,
+        loaded: Loaded,
+        limiter: trio.CapacityLimiter,
+        interval: float,
+        adopt: Callable[[Batch], None],
+    ) -> None:
+        self._loaded = loaded
+        self._limiter = limiter
+        self._interval = interval
+        self._adopt = adopt
+        self._retry_log = RetryLog("reading the writer's new commits", logging.WARNING)
+        self.stopped: str | None = None  # why this mount no longer follows, once it does not
+
+    async def loop(self) -> None:
+        """Follow until cancelled, or until the log cannot be followed any further."""
+        while self.stopped is None:
+            await trio.sleep(self._interval)
+            await self.catch_up()
+
+    async def catch_up(self) -> None:
+        """Adopt every segment the store holds past this mount's generation now (a batch
+        at a time, until a look finds none, or the one after the last good fails)."""
+        while self.stopped is None:
+            try:
+                batch = await trio.to_thread.run_sync(
+                    fetch_new_segments, self._loaded, FOLLOW_BATCH, limiter=self._limiter
+                )
+            except StoreError as exc:  # unreachable, or slow: the next look may get through
+                self._retry_log.failed(exc)
+                return
+            except SealfsError as exc:
+                self._stop(exc)
+                return
+            self._retry_log.succeeded()
+            if not batch:
+                return
+            try:
+                self._adopt(batch)
+            except SealfsError as exc:
+                self._stop(exc)
+                return
+
+    def _stop(self, exc: SealfsError) -> None:
+        generation = self._loaded.live.generation
+        if isinstance(exc, VolumeChangedError):
+            why = "the volume was rekeyed, and this mount holds only the keys it was mounted with"
+        else:
+            why = str(exc)
+        self.stopped = f"stays at generation {generation}: {why}"
+        log.error(
+            "this read-only mount stopped following the writer and %s; remount it to see"
+            " later changes",
+            self.stopped,
+        )

@@ -1,0 +1,68 @@
+"""A read-only mount beside the writer's, as the programs reading it see it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.mounts import STATUS_XATTR, VolumeEnv, force_unmount, mounted_sealfs, sealfs
+
+pytestmark = pytest.mark.fuse
+
+
+def wait_until(check: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not seen within {seconds} s"
+        time.sleep(0.05)
+
+
+def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
+    mounted_env: VolumeEnv,
+) -> None:
+    """design.md: read-only mounts follow new generations. Before, one showed the
+    volume as it was when mounted, until remounted."""
+    env = mounted_env
+    ckpt = env.mnt / "ckpt.json"
+    ckpt.write_text('{"step": 1}')
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    ro = env.root / "ro"
+    ro.mkdir()
+    mounted = sealfs(
+        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.2",
+        "--log-file", str(env.root / "ro.log"),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        assert (ro / "ckpt.json").read_text() == '{"step": 1}'
+        held = (ro / "ckpt.json").open()
+        # The agent's checkpoint: write a new file, fsync it, rename it over the old one.
+        fresh = env.mnt / "ckpt.json.tmp"
+        with fresh.open("w") as f:
+            f.write('{"step": 2}')
+            f.flush()
+            os.fsync(f.fileno())
+        fresh.rename(ckpt)
+        (env.mnt / "runs").mkdir()
+        assert sealfs("sync", str(env.mnt)).returncode == 0
+
+        def caught_up() -> bool:
+            return (ro / "ckpt.json").read_text() == '{"step": 2}' and (ro / "runs").is_dir()
+
+        wait_until(caught_up, 15)
+        assert held.read() == '{"step": 1}'  # the version replaced, open here, stays readable
+        held.close()
+        assert sorted(os.listdir(ro)) == ["ckpt.json", "runs"]
+        followed = json.loads(os.getxattr(ro, STATUS_XATTR))
+        assert followed["generation"] == env.status()["generation"]
+        assert followed["read_only"] and followed["follow_stopped"] is None
+    finally:
+        done = sealfs("umount", str(ro))
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+    env.umount()

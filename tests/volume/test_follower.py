@@ -1,0 +1,172 @@
+"""A read-only mount following what a writer mounted beside it commits (memory store)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+import trio
+
+from sealfs.cli.status_cmd import _rows
+from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
+from sealfs.meta.model import ROOT_INO
+from sealfs.store.base import ObjectStore
+from sealfs.store.faults import FaultyStore
+from sealfs.volume import follower
+from sealfs.volume.engine import Volume
+from sealfs.volume.status import volume_status
+from tests.conftest import mounted
+from tests.volume.test_engine import (
+    R,
+    expect,
+    forget_all,
+    ino_of,
+    load,
+    meta_signature,
+    mkdir,
+    mkfile,
+    names,
+    read_all,
+    write_at,
+)
+from tests.volume.test_rekey import start_rekey
+
+# The loop is driven by catch_up() where a test needs to know when it ran.
+IDLE = {"read_only": True, "commit_interval": 3600.0}
+
+
+async def test_a_reader_sees_each_commit_of_the_writer(volume_store: ObjectStore) -> None:
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        d = await mkdir(writer, ROOT_INO, b"d")
+        await mkfile(writer, d, b"a", b"first version")
+        await writer.fsync()
+        assert await names(reader, ROOT_INO) == []  # listed before the reader caught up
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert await names(reader, ROOT_INO) == [b"d"]
+        a = await ino_of(reader, "d/a")
+        assert await read_all(reader, a) == b"first version"
+
+        await write_at(writer, a, 0, b"second")
+        await writer.rename(d, b"a", ROOT_INO, b"moved")
+        await mkfile(writer, d, b"b", b"bee")
+        await writer.setxattr(a, b"user.tag", b"v2")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert await names(reader, ROOT_INO) == [b"d", b"moved"]
+        assert await names(reader, d) == [b"b"]
+        assert await read_all(reader, await ino_of(reader, "moved")) == b"secondversion"
+        assert await reader.getxattr(a, b"user.tag") == b"v2"
+        assert reader.meta.generation == writer.commits.generation
+        assert reader.commits.generation == writer.commits.generation  # what status shows
+        assert meta_signature(reader.meta) == meta_signature(load(volume_store))
+
+
+async def test_the_loop_follows_without_being_asked(volume_store: ObjectStore) -> None:
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, read_only=True, commit_interval=0.02) as reader,
+    ):
+        await mkfile(writer, ROOT_INO, b"f", b"hello")
+        await writer.fsync()
+        with trio.fail_after(10):
+            while b"f" not in await names(reader, ROOT_INO):
+                await trio.sleep(0.01)
+        assert await read_all(reader, await ino_of(reader, "f")) == b"hello"
+
+
+async def test_a_file_open_here_stays_readable_after_the_writer_deletes_it(
+    volume_store: ObjectStore,
+) -> None:
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        f = await mkfile(writer, ROOT_INO, b"f", b"kept while open")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        fh = await reader.open(await ino_of(reader, "f"), R)
+        await writer.unlink(ROOT_INO, b"f")
+        await forget_all(writer)  # its kernel let go: the writer deletes the inode
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert f not in reader.meta.inodes  # the writer's deletion was replayed
+        await expect(errno.ENOENT, reader.lookup(ROOT_INO, b"f"))
+        assert await reader.read(fh, 0, 100) == b"kept while open"
+        assert (await reader.getattr(f)).size == len(b"kept while open")
+        await reader.release(fh)
+        await expect(errno.ENOENT, reader.getattr(f))
+
+
+async def test_a_backlog_longer_than_a_batch_is_taken_in_one_catch_up(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(follower, "FOLLOW_BATCH", 2)
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        for k in range(7):
+            await mkfile(writer, ROOT_INO, b"f%d" % k, b"x")
+            await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert reader.meta.generation == writer.commits.generation
+        assert len(await names(reader, ROOT_INO)) == 7
+
+
+async def test_an_unreachable_store_is_retried_at_the_next_look(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    faulty = FaultyStore(volume_store)
+    async with mounted(volume_store) as writer, mounted(faulty, **IDLE) as reader:  # type: ignore[arg-type]
+        await mkfile(writer, ROOT_INO, b"f", b"x")
+        await writer.fsync()
+        faulty.fail_next("list", SEGMENT_PREFIX, "unavailable")
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert await names(reader, ROOT_INO) == []
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
+        assert "reading the writer's new commits failed, will retry" in caplog.text
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert await names(reader, ROOT_INO) == [b"f"]
+
+
+async def test_a_damaged_segment_stops_following_at_the_generation_before(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"good", b"x")
+        await writer.fsync()
+        good = writer.commits.generation
+        await mkfile(writer, ROOT_INO, b"bad", b"y")
+        await writer.fsync()
+        name = segment_name(writer.commits.generation)
+        sealed = bytearray(volume_store.get(name))
+        sealed[-1] ^= 1
+        volume_store.put(name, bytes(sealed))
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, good, f"log segment {name} is damaged", caplog)
+        assert await names(reader, ROOT_INO) == [b"good"]
+
+
+async def test_a_rekey_stops_following_and_says_to_remount(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        before = writer.commits.generation
+        await writer.adopt_rekey(start_rekey(volume_store))
+        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+
+
+async def _stays_at(
+    reader: Volume, generation: int, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reader stopped following at generation, said why in its log and its status."""
+    assert reader.follower is not None
+    assert reader.meta.generation == generation
+    stopped = reader.follower.stopped
+    assert stopped is not None and stopped.startswith(f"stays at generation {generation}: ")
+    assert why in stopped
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(why in e and "remount it to see later changes" in e for e in errors), errors
+    status = volume_status(reader) | {"log_file": "/var/log/sealfs.log"}
+    assert status["follow_stopped"] == stopped
+    assert dict(_rows(status))["not following"] == f"{stopped}; remount to see later changes"
+    await reader.follower.catch_up()  # stopped: it looks no more
+    assert reader.meta.generation == generation
