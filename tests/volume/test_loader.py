@@ -47,6 +47,7 @@ from sealfs.store.memory import MemoryStore
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import (
     CLAIM_ATTEMPTS,
+    Loaded,
     check_writer,
     claim_writer,
     create_volume,
@@ -391,15 +392,28 @@ class CommitsFirst(WrappedStore):
         self.made.append(attr.ino)
 
 
-async def test_a_takeover_catches_up_with_a_writer_that_commits_meanwhile(
-    tmp_path: Path, kdf_params: Argon2Params
-) -> None:
+@pytest.fixture
+def local_volume(tmp_path: Path, kdf_params: Argon2Params) -> LocalStore:
+    """A local store holding a new volume."""
     store = LocalStore(tmp_path / "store")
     create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    return store
+
+
+def taking_over(store: LocalStore, busy: Volume, times: int) -> tuple[CommitsFirst, Loaded]:
+    """A mount about to take the volume over from busy, which commits first times times."""
+    racing = CommitsFirst(store, busy, times=times)
+    other = open_volume(racing, Passphrase(PASSPHRASE))  # type: ignore[arg-type]
+    check_writer(other, takeover=True)
+    return racing, other
+
+
+async def test_a_takeover_catches_up_with_a_writer_that_commits_meanwhile(
+    local_volume: LocalStore,
+) -> None:
+    store = local_volume
     async with mounted(store, commit_interval=3600.0) as busy:
-        racing = CommitsFirst(store, busy, times=3)
-        other = open_volume(racing, Passphrase(PASSPHRASE))  # type: ignore[arg-type]
-        check_writer(other, takeover=True)
+        racing, other = taking_over(store, busy, times=3)
         mine = await trio.to_thread.run_sync(claim_writer, other)
         assert racing.claims == 4
         assert len(racing.made) == 3 and all(ino in other.live.inodes for ino in racing.made)
@@ -411,14 +425,11 @@ async def test_a_takeover_catches_up_with_a_writer_that_commits_meanwhile(
 
 
 async def test_a_takeover_of_a_writer_that_always_commits_first_gives_up_naming_it(
-    tmp_path: Path, kdf_params: Argon2Params
+    local_volume: LocalStore,
 ) -> None:
-    store = LocalStore(tmp_path / "store")
-    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    store = local_volume
     async with mounted(store, commit_interval=3600.0) as busy:
-        racing = CommitsFirst(store, busy, times=1000)
-        other = open_volume(racing, Passphrase(PASSPHRASE))  # type: ignore[arg-type]
-        check_writer(other, takeover=True)
+        racing, other = taking_over(store, busy, times=1000)
         with pytest.raises(WriterConflictError) as info:
             await trio.to_thread.run_sync(claim_writer, other)
         assert racing.claims == CLAIM_ATTEMPTS
