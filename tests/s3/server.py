@@ -75,12 +75,37 @@ def make_conditional_puts_atomic() -> None:
     S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
+def make_first_etag_safe() -> None:
+    """Make moto compute an object's ETag under the object's lock, as it reads the body.
+
+    moto computes an ETag once, on first use (the PUT's reply, a listing, a HEAD), by
+    reading the object's body buffer from its start without the lock its body reads
+    take; a GET racing that computation had the buffer's position moved under it and
+    returned an empty body. A killed daemon's last PUT is still being answered while the
+    crash tests copy the bucket, so such a copy held an empty log segment ("not a
+    sealed object"), a failure no S3 shows.
+    """
+    from moto.s3.models import FakeKey  # noqa: PLC0415 - slow; S3 tests only
+
+    original = FakeKey.etag
+    if getattr(original.fget, "sealfs_locked", False):
+        return
+
+    def etag(self: Any) -> str:
+        with self.lock:
+            return str(original.fget(self))  # type: ignore[misc]
+
+    etag.sealfs_locked = True  # type: ignore[attr-defined]
+    FakeKey.etag = property(etag)  # type: ignore[method-assign,assignment]
+
+
 def moto_endpoint() -> str:
     """http://127.0.0.1:PORT of the run's moto server (started now if need be)."""
     with _lock:
         if not _started:
             fake_aws_environment()
             make_conditional_puts_atomic()
+            make_first_etag_safe()
             logging.getLogger("werkzeug").setLevel(logging.ERROR)
             _started.append(_start_moto("127.0.0.1"))
         return _started[0]
