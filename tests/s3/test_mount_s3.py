@@ -24,7 +24,8 @@ from sealfs.cli.exitcodes import FAILURE
 from sealfs.cli.mount_cmd import commit_mount
 from sealfs.volume.chunks import GAVE_UP_FRESH
 from tests.conftest import crashable_ext4
-from tests.mounts import CHEAP_KDF, PASSPHRASE, sealfs, write_secret
+from tests.fuse.test_follow import wait_until
+from tests.mounts import CHEAP_KDF, PASSPHRASE, force_unmount, mounted_sealfs, sealfs, write_secret
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import all_objects
@@ -672,3 +673,42 @@ def test_rekey_of_a_mounted_s3_volume_whose_endpoint_is_spelled_otherwise(
         assert_holds(env.mnt, {"f.bin": b"f" * 5000})
     finally:
         env.umount()
+
+
+def test_a_read_only_mount_follows_the_writer_through_a_shared_cache(s3_env: S3VolumeEnv) -> None:
+    """A reader on the writer's host shares its default cache directory: chunks the
+    writer cached and chunks the reader fetches must both read back as written."""
+    env = s3_env
+    env.mount()
+    ro = env.root / "ro"
+    ro.mkdir()
+    first = os.urandom(3 << 20)
+    (env.mnt / "state.bin").write_bytes(first)
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    mounted = sealfs(
+        "mount", env.url, str(ro), "--s3-endpoint", env.endpoint, "--passphrase-file",
+        str(env.passfile), "--log-file", str(env.root / "ro.log"), "--cache-dir", str(env.cache),
+        "--read-only", "--commit-interval", "0.2", timeout=120, env=env._env(),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        assert (ro / "state.bin").read_bytes() == first
+        second = bytearray(first)
+        second[1 << 20 : (1 << 20) + 4096] = os.urandom(4096)
+        with (env.mnt / "state.bin").open("r+b") as f:
+            f.seek(1 << 20)
+            f.write(second[1 << 20 : (1 << 20) + 4096])
+            f.flush()
+            os.fsync(f.fileno())
+        (env.mnt / "notes.txt").write_text("step 2")
+        assert sealfs("sync", str(env.mnt)).returncode == 0
+        wait_until((ro / "notes.txt").exists, 15)
+        if (ro / "state.bin").read_bytes() != second:
+            pytest.fail("the reader's state.bin differs from what the writer committed")
+        assert (ro / "notes.txt").read_text() == "step 2"
+    finally:
+        done = sealfs("umount", str(ro), timeout=120)
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+    env.umount()
