@@ -273,7 +273,10 @@ class Volume:
     def inode(self, ino: int) -> Inode:
         inode = self.meta.inodes.get(ino) or self._detached.get(ino)
         if inode is None:
-            raise FsError(errno.ENOENT)
+            # A follower's kernel may still hold a name of a file the writer has since
+            # replaced (its entries live a second): ENOENT failed the open of a file that
+            # exists; ESTALE makes the kernel look the name up again, and open that.
+            raise FsError(errno.ESTALE if self.follower is not None else errno.ENOENT)
         return inode
 
     def _dir(self, ino: int) -> Inode:

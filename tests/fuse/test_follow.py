@@ -66,3 +66,54 @@ def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
             force_unmount(str(ro))
     assert done.returncode == 0, done.stderr
     env.umount()
+
+
+def test_a_reader_polling_a_checkpoint_the_writer_keeps_replacing_sees_whole_versions(
+    mounted_env: VolumeEnv,
+) -> None:
+    """The agent pattern: the writer replaces ckpt.json (write, fsync, rename) again and
+    again; a program on the read-only mount opens and reads it in a loop. Every read
+    must be one whole version, newer or equal to the last, and no open may fail: the
+    kernel's cached name may still lead to the version the writer just deleted."""
+    env = mounted_env
+    ckpt = env.mnt / "ckpt.json"
+    ckpt.write_text(json.dumps({"step": 0, "pad": "x" * 5000}))
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    ro = env.root / "ro"
+    ro.mkdir()
+    mounted = sealfs(
+        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.05",
+        "--log-file", str(env.root / "ro.log"),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        seen = [0]
+        failures: list[str] = []
+        last_written = 0
+        for step in range(1, 41):
+            fresh = env.mnt / "ckpt.json.tmp"
+            with fresh.open("w") as f:
+                f.write(json.dumps({"step": step, "pad": "x" * 5000}))
+                f.flush()
+                os.fsync(f.fileno())
+            fresh.rename(ckpt)
+            last_written = step
+            deadline = time.monotonic() + 0.1
+            while time.monotonic() < deadline:
+                try:
+                    doc = json.loads((ro / "ckpt.json").read_text())
+                except (OSError, ValueError) as exc:
+                    failures.append(f"after step {step}: {exc!r}")
+                    continue
+                if doc["step"] < seen[-1]:
+                    failures.append(f"step {doc['step']} read after step {seen[-1]}")
+                seen.append(doc["step"])
+        assert not failures, failures[:5]
+        wait_until(lambda: json.loads((ro / "ckpt.json").read_text())["step"] == last_written, 15)
+        assert len(set(seen)) > 5, "the reader hardly ever saw a new version"
+    finally:
+        done = sealfs("umount", str(ro))
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+    env.umount()
