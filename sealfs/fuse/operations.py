@@ -121,6 +121,20 @@ def _boundary(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[
     return wrapper
 
 
+def _forget_attributes(inodes: list[int]) -> None:
+    """Make the kernel ask again for the attributes of inodes a follower replayed.
+
+    It kept a read-only mount's for a second: a log the writer had appended to was
+    read cut at its old size after the append was replayed. Attributes only: dropping
+    pages waits for page locks a read in flight holds, and that read waits for this
+    loop. With them the kernel drops a changed file's pages itself at its next read
+    (auto_inval_data).
+    """
+    for ino in inodes:
+        with contextlib.suppress(OSError):  # forgotten by the kernel meanwhile
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+
+
 class Operations(pyfuse3.Operations):
     """Requests from the kernel, answered by the engine."""
 
@@ -135,6 +149,7 @@ class Operations(pyfuse3.Operations):
         self.log_file = log_file
         self._timeout = 1.0 if volume.read_only else 60.0
         self._dir_inodes: dict[int, int] = {}
+        volume.on_followed = _forget_attributes
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()

@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -57,6 +57,7 @@ log = logging.getLogger("sealfs.volume")
 NAME_MAX = 255
 # Records after which a directory's listing is no longer its names (op[1] names it).
 _LISTING_CHANGES = (ops.LINK, ops.UNLINK, ops.DEL_INODE)
+_ATTR_CHANGES = (ops.PUT_INODE, ops.DATA)  # records that change an inode's attributes
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -120,6 +121,9 @@ class Volume:
         # Files open here that the writer deleted since: readable until closed, as an
         # unlinked file is on the writer's own mount.
         self._detached: dict[int, Inode] = {}
+        # Given the inodes a replay changed that the kernel holds (set by the FUSE layer,
+        # which tells the kernel to drop their attributes: it keeps them for a second).
+        self.on_followed: Callable[[list[int]], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -255,15 +259,19 @@ class Volume:
     def _adopt_followed(self, batch: Batch) -> None:
         """Apply segments the writer committed, in order, with no await between them."""
         open_here = {ino: self.meta.inodes.get(ino) for ino in self._opens}
+        changed: set[int] = set()
         try:
             for name, logged in batch:
                 replay_new_segment(self.meta, name, logged)
+                changed.update(op[1] for op in logged.segment.ops if op[0] in _ATTR_CHANGES)
         finally:
             self._listings.clear()  # any directory may have changed
             for ino, inode in open_here.items():
                 if inode is not None and ino not in self.meta.inodes:
                     self._detached[ino] = inode
             self.commits.start()  # status shows the generation followed
+            if self.on_followed is not None:
+                self.on_followed(sorted(changed.intersection(self._lookups)))
 
     def _attr(self, inode: Inode) -> Attr:
         return attr_of(inode, self.files.buffered_in(inode.ino))

@@ -6,10 +6,8 @@ this mount's generation. Each segment is opened and authenticated in a worker
 thread and applied on the FUSE loop between two requests, whole, so a reader
 always sees a committed generation, never part of one.
 
-The kernel keeps what it learnt for one second on a read-only mount (entry and
-attribute timeouts, and no page cache kept across opens), so a change shows
-within a second of being replayed; a file open here keeps its cached pages
-until it is opened again, as over NFS.
+What the kernel keeps is the engine's and the FUSE layer's to settle (see
+Volume._adopt_followed and docs/design.md).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,11 @@ def wait_until(check: Callable[[], bool], seconds: float) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not seen within {seconds} s"
         time.sleep(0.05)
+
+
+def reached(mountpoint: Path, generation: int) -> bool:
+    """Whether the mount at mountpoint has replayed up to generation."""
+    return bool(json.loads(os.getxattr(mountpoint, STATUS_XATTR))["generation"] >= generation)
 
 
 def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
@@ -111,6 +118,47 @@ def test_a_reader_polling_a_checkpoint_the_writer_keeps_replacing_sees_whole_ver
         assert not failures, failures[:5]
         wait_until(lambda: json.loads((ro / "ckpt.json").read_text())["step"] == last_written, 15)
         assert len(set(seen)) > 5, "the reader hardly ever saw a new version"
+    finally:
+        done = sealfs("umount", str(ro))
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+    env.umount()
+
+
+def test_a_file_the_writer_grew_shows_its_new_size_once_replayed(mounted_env: VolumeEnv) -> None:
+    """The kernel keeps a read-only mount's attributes for a second: without being told,
+    a reader that had just looked at a log the writer appends to saw its old size, and
+    read it cut there, for up to a second after the commit was replayed."""
+    env = mounted_env
+    log = env.mnt / "log.jsonl"
+    log.write_text('{"line": 1}\n')
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    ro = env.root / "ro"
+    ro.mkdir()
+    mounted = sealfs(
+        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.02",
+        "--log-file", str(env.root / "ro.log"),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        wait_until(lambda: (ro / "log.jsonl").stat().st_size > 0, 15)
+        misses = 0
+        for line in range(2, 12):
+            old = (ro / "log.jsonl").stat().st_size  # the kernel keeps this for a second
+            with log.open("a") as f:
+                f.write(json.dumps({"line": line}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            generation = env.status()["generation"]
+            started = time.monotonic()
+            wait_until(partial(reached, ro, generation), 15)
+            if time.monotonic() - started > 0.5:
+                continue  # too slow to tell a told kernel from an expired second
+            if (ro / "log.jsonl").stat().st_size == old:
+                misses += 1
+            assert (ro / "log.jsonl").read_text() == log.read_text()
+        assert misses == 0, f"{misses} of 10 appends showed the old size after replay"
     finally:
         done = sealfs("umount", str(ro))
         if any(m == str(ro) for m, _ in mounted_sealfs()):
