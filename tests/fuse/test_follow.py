@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -28,6 +29,26 @@ def reached(mountpoint: Path, generation: int) -> bool:
     return bool(json.loads(os.getxattr(mountpoint, STATUS_XATTR))["generation"] >= generation)
 
 
+@contextlib.contextmanager
+def read_only_mount(env: VolumeEnv, interval: float) -> Iterator[Path]:
+    """A read-only mount of env's volume beside its writer, following every interval;
+    unmounted on leaving (the test fails if that fails)."""
+    ro = env.root / "ro"
+    ro.mkdir()
+    mounted = sealfs(
+        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", str(interval),
+        "--log-file", str(env.root / "ro.log"),
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        yield ro
+    finally:
+        done = sealfs("umount", str(ro))
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
     mounted_env: VolumeEnv,
 ) -> None:
@@ -37,14 +58,7 @@ def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
     ckpt = env.mnt / "ckpt.json"
     ckpt.write_text('{"step": 1}')
     assert sealfs("sync", str(env.mnt)).returncode == 0
-    ro = env.root / "ro"
-    ro.mkdir()
-    mounted = sealfs(
-        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.2",
-        "--log-file", str(env.root / "ro.log"),
-    )  # fmt: skip
-    assert mounted.returncode == 0, mounted.stderr
-    try:
+    with read_only_mount(env, 0.2) as ro:
         assert (ro / "ckpt.json").read_text() == '{"step": 1}'
         held = (ro / "ckpt.json").open()
         # The agent's checkpoint: write a new file, fsync it, rename it over the old one.
@@ -67,11 +81,6 @@ def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
         followed = json.loads(os.getxattr(ro, STATUS_XATTR))
         assert followed["generation"] == env.status()["generation"]
         assert followed["read_only"] and followed["follow_stopped"] is None
-    finally:
-        done = sealfs("umount", str(ro))
-        if any(m == str(ro) for m, _ in mounted_sealfs()):
-            force_unmount(str(ro))
-    assert done.returncode == 0, done.stderr
     env.umount()
 
 
@@ -86,14 +95,7 @@ def test_a_reader_polling_a_checkpoint_the_writer_keeps_replacing_sees_whole_ver
     ckpt = env.mnt / "ckpt.json"
     ckpt.write_text(json.dumps({"step": 0, "pad": "x" * 5000}))
     assert sealfs("sync", str(env.mnt)).returncode == 0
-    ro = env.root / "ro"
-    ro.mkdir()
-    mounted = sealfs(
-        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.05",
-        "--log-file", str(env.root / "ro.log"),
-    )  # fmt: skip
-    assert mounted.returncode == 0, mounted.stderr
-    try:
+    with read_only_mount(env, 0.05) as ro:
         seen = [0]
         failures: list[str] = []
         last_written = 0
@@ -118,11 +120,6 @@ def test_a_reader_polling_a_checkpoint_the_writer_keeps_replacing_sees_whole_ver
         assert not failures, failures[:5]
         wait_until(lambda: json.loads((ro / "ckpt.json").read_text())["step"] == last_written, 15)
         assert len(set(seen)) > 5, "the reader hardly ever saw a new version"
-    finally:
-        done = sealfs("umount", str(ro))
-        if any(m == str(ro) for m, _ in mounted_sealfs()):
-            force_unmount(str(ro))
-    assert done.returncode == 0, done.stderr
     env.umount()
 
 
@@ -134,14 +131,7 @@ def test_a_file_the_writer_grew_shows_its_new_size_once_replayed(mounted_env: Vo
     log = env.mnt / "log.jsonl"
     log.write_text('{"line": 1}\n')
     assert sealfs("sync", str(env.mnt)).returncode == 0
-    ro = env.root / "ro"
-    ro.mkdir()
-    mounted = sealfs(
-        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", "0.02",
-        "--log-file", str(env.root / "ro.log"),
-    )  # fmt: skip
-    assert mounted.returncode == 0, mounted.stderr
-    try:
+    with read_only_mount(env, 0.02) as ro:
         wait_until(lambda: (ro / "log.jsonl").stat().st_size > 0, 15)
         misses = 0
         for line in range(2, 12):
@@ -159,9 +149,28 @@ def test_a_file_the_writer_grew_shows_its_new_size_once_replayed(mounted_env: Vo
                 misses += 1
             assert (ro / "log.jsonl").read_text() == log.read_text()
         assert misses == 0, f"{misses} of 10 appends showed the old size after replay"
-    finally:
-        done = sealfs("umount", str(ro))
-        if any(m == str(ro) for m, _ in mounted_sealfs()):
-            force_unmount(str(ro))
-    assert done.returncode == 0, done.stderr
+    env.umount()
+
+
+def test_a_descriptor_open_on_the_reader_reads_what_the_writer_changed_in_place(
+    mounted_env: VolumeEnv,
+) -> None:
+    """README: files the writer changed in place read as changed, even through a
+    descriptor opened before the change."""
+    env = mounted_env
+    data = env.mnt / "data.bin"
+    data.write_bytes(b"A" * 8192)
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    with read_only_mount(env, 0.02) as ro:
+        fd = os.open(ro / "data.bin", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 8192, 0) == b"A" * 8192  # now in the reader's page cache
+            with data.open("r+b") as f:
+                f.write(b"B" * 8192)
+                f.flush()
+                os.fsync(f.fileno())
+            wait_until(partial(reached, ro, env.status()["generation"]), 15)
+            assert os.pread(fd, 8192, 0) == b"B" * 8192
+        finally:
+            os.close(fd)
     env.umount()
