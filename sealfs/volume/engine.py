@@ -97,6 +97,8 @@ class Volume:
         self._handles: dict[int, Handle | DirHandle] = {}
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
+        # Handles open on each inode, directories' too: what the writer deletes while one
+        # is open on a follower stays there until it is closed, as on the writer's mount.
         self._opens: dict[int, int] = {}
         # Sorted names of each directory listed since it last changed: the listing every
         # pass of readdir that begins meanwhile takes (see readdir), one copy for them all.
@@ -117,8 +119,8 @@ class Volume:
             if self.read_only
             else None
         )
-        # Files open here that the writer deleted since: readable until closed, as an
-        # unlinked file is on the writer's own mount.
+        # Files (and directories) open here that the writer deleted since: readable until
+        # closed, as an unlinked file is on the writer's own mount.
         self._detached: dict[int, Inode] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -275,6 +277,13 @@ class Volume:
         if inode is None:
             raise FsError(errno.ENOENT)
         return inode
+
+    def parent_of(self, ino: int) -> int:
+        """The directory ".." in directory ino names: its parent, or itself at the root and
+        once the parent is gone (on a follower, a directory open there that the writer
+        removed with its parent; a listing of it failed on "..")."""
+        parent = self.inode(ino).parent or ino
+        return parent if parent in self.meta.inodes or parent in self._detached else ino
 
     def _dir(self, ino: int) -> Inode:
         inode = self.inode(ino)
@@ -715,12 +724,16 @@ class Volume:
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         if isinstance(handle, Handle):
-            left = self._opens.get(handle.ino, 0) - 1
-            if left > 0:
-                self._opens[handle.ino] = left
-            else:
-                self._opens.pop(handle.ino, None)
-                self._maybe_delete(handle.ino)
+            self._closed(handle.ino)
+
+    def _closed(self, ino: int) -> None:
+        """A handle on ino (a file's or a directory's) was released."""
+        left = self._opens.get(ino, 0) - 1
+        if left > 0:
+            self._opens[ino] = left
+        else:
+            self._opens.pop(ino, None)
+            self._maybe_delete(ino)
 
     async def fsync(self) -> None:
         """fsync, fdatasync, syncfs: everything recorded before the call is committed."""
@@ -738,6 +751,7 @@ class Volume:
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = DirHandle(ino, [])
+        self._opens[ino] = self._opens.get(ino, 0) + 1
         return fh
 
     async def readdir(self, fh: int, start: int, limit: int | None = None) -> list[DirEntry]:
@@ -789,7 +803,9 @@ class Volume:
         return names
 
     async def releasedir(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, DirHandle):
+            self._closed(handle.ino)
 
     # -- extended attributes -----------------------------------------------------------
 

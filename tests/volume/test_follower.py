@@ -95,6 +95,29 @@ async def test_a_file_open_here_stays_readable_after_the_writer_deletes_it(
         await expect(errno.ENOENT, reader.getattr(f))
 
 
+async def test_a_directory_open_here_stays_open_after_the_writer_removes_it(
+    volume_store: ObjectStore,
+) -> None:
+    """As on the writer's own mount (and ext4): fstat of the descriptor shows it with no
+    links, and a listing is empty. The inode was dropped at once, so both said ENOENT."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        a = await mkdir(writer, ROOT_INO, b"a")
+        b = await mkdir(writer, a, b"b")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        fh = await reader.opendir(b)
+        await writer.rmdir(a, b"b")
+        await writer.rmdir(ROOT_INO, b"a")
+        await forget_all(writer)  # its kernel let go: the writer deletes both inodes
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert a not in reader.meta.inodes and b not in reader.meta.inodes
+        assert (await reader.getattr(b)).nlink == 0
+        assert await reader.readdir(fh, 0) == []
+        await reader.releasedir(fh)
+        await expect(errno.ENOENT, reader.getattr(b))
+
+
 async def test_a_backlog_longer_than_a_batch_is_taken_in_one_catch_up(
     volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
