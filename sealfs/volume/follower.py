@@ -59,8 +59,14 @@ class Follower:
         at a time, until a look finds none, or the one after the last good fails)."""
         while self.stopped is None:
             try:
+                # Abandoned on unmount: a look at a store that stopped answering waits up to
+                # --store-timeout, and a read-only mount has nothing to finish before it ends.
                 batch = await trio.to_thread.run_sync(
-                    fetch_new_segments, self._loaded, FOLLOW_BATCH, limiter=self._limiter
+                    fetch_new_segments,
+                    self._loaded,
+                    FOLLOW_BATCH,
+                    limiter=self._limiter,
+                    abandon_on_cancel=True,
                 )
             except StoreError as exc:  # unreachable, or slow: the next look may get through
                 self._retry_log.failed(exc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
+import time
 
 import pytest
 import trio
@@ -16,7 +18,7 @@ from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
 from sealfs.volume.engine import Volume
 from sealfs.volume.status import volume_status
-from tests.conftest import mounted
+from tests.conftest import WrappedStore, mounted
 from tests.volume.test_engine import (
     R,
     expect,
@@ -145,6 +147,40 @@ async def test_an_unreachable_store_is_retried_at_the_next_look(
         assert "reading the writer's new commits failed, will retry" in caplog.text
         await reader.follower.catch_up()  # type: ignore[union-attr]
         assert await names(reader, ROOT_INO) == [b"f"]
+
+
+class StalledLog(WrappedStore):
+    """Wraps a store whose listings of the log hang, once stall is set, until released
+    (an S3 endpoint that stopped answering: each request waits for --store-timeout)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.stall = False
+        self.listing = threading.Event()
+        self.released = threading.Event()
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        if self.stall and prefix == SEGMENT_PREFIX:
+            self.listing.set()
+            self.released.wait(10)
+        return self.inner.list(prefix, start_after)  # type: ignore[no-any-return]
+
+
+async def test_an_unmount_does_not_wait_for_a_look_at_a_stalled_store(
+    volume_store: ObjectStore,
+) -> None:
+    """A read-only mount has nothing to commit, yet its unmount waited for the look in
+    flight: up to --store-timeout (300 s), and `sealfs umount` gave up after 60 s, saying
+    the daemon was still committing."""
+    store = StalledLog(volume_store)
+    try:
+        async with mounted(store, read_only=True, commit_interval=0.01):  # type: ignore[arg-type]
+            store.stall = True
+            assert await trio.to_thread.run_sync(store.listing.wait, 5)
+            began = time.monotonic()
+        assert time.monotonic() - began < 2
+    finally:
+        store.released.set()
 
 
 async def test_a_damaged_segment_stops_following_at_the_generation_before(
