@@ -13,7 +13,7 @@ import trio
 from sealfs.cli.status_cmd import _rows
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
-from sealfs.store.base import ObjectStore
+from sealfs.store.base import ObjectInfo, ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
 from sealfs.volume.engine import Volume
@@ -149,21 +149,51 @@ async def test_an_unreachable_store_is_retried_at_the_next_look(
         assert await names(reader, ROOT_INO) == [b"f"]
 
 
-class StalledLog(WrappedStore):
-    """Wraps a store whose listings of the log hang, once stall is set, until released
-    (an S3 endpoint that stopped answering: each request waits for --store-timeout)."""
+class WatchedLog(WrappedStore):
+    """Wraps a store and counts its listings of the log; once stall is set, every look
+    at the log hangs until released (an S3 endpoint that stopped answering: each
+    request waits for --store-timeout)."""
 
     def __init__(self, inner: ObjectStore) -> None:
         super().__init__(inner)
+        self.lists = 0
         self.stall = False
-        self.listing = threading.Event()
+        self.looking = threading.Event()
         self.released = threading.Event()
 
-    def list(self, prefix: str, start_after: str = "") -> list[str]:
-        if self.stall and prefix == SEGMENT_PREFIX:
-            self.listing.set()
+    def _look(self) -> None:
+        if self.stall:
+            self.looking.set()
             self.released.wait(10)
+
+    def stat(self, name: str) -> ObjectInfo:
+        if name.startswith(SEGMENT_PREFIX):
+            self._look()
+        return self.inner.stat(name)  # type: ignore[no-any-return]
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        if prefix == SEGMENT_PREFIX:
+            self.lists += 1
+            self._look()
         return self.inner.list(prefix, start_after)  # type: ignore[no-any-return]
+
+
+async def test_a_look_that_finds_nothing_new_does_not_list_the_log(
+    volume_store: ObjectStore,
+) -> None:
+    """Segments are never deleted, and a local store's listing walks all of l/: with
+    400,000 segments each look took 0.65 s of a core, every interval, with nothing new."""
+    store = WatchedLog(volume_store)
+    async with mounted(volume_store) as writer, mounted(store, **IDLE) as reader:  # type: ignore[arg-type]
+        assert reader.follower is not None
+        store.lists = 0
+        for _ in range(3):
+            await reader.follower.catch_up()
+        assert store.lists == 0
+        await mkfile(writer, ROOT_INO, b"f", b"x")
+        await writer.fsync()
+        await reader.follower.catch_up()
+        assert await names(reader, ROOT_INO) == [b"f"]
 
 
 async def test_an_unmount_does_not_wait_for_a_look_at_a_stalled_store(
@@ -172,11 +202,11 @@ async def test_an_unmount_does_not_wait_for_a_look_at_a_stalled_store(
     """A read-only mount has nothing to commit, yet its unmount waited for the look in
     flight: up to --store-timeout (300 s), and `sealfs umount` gave up after 60 s, saying
     the daemon was still committing."""
-    store = StalledLog(volume_store)
+    store = WatchedLog(volume_store)
     try:
         async with mounted(store, read_only=True, commit_interval=0.01):  # type: ignore[arg-type]
             store.stall = True
-            assert await trio.to_thread.run_sync(store.listing.wait, 5)
+            assert await trio.to_thread.run_sync(store.looking.wait, 5)
             began = time.monotonic()
         assert time.monotonic() - began < 2
     finally:
