@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from sealfs.cli.status_cmd import _rows
+from sealfs.errors import IntegrityError
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectInfo, ObjectStore
@@ -241,6 +242,32 @@ async def test_a_rekey_stops_following_and_says_to_remount(
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
         await _stays_at(reader, before, "the volume was rekeyed", caplog)
+
+
+async def test_after_a_rekey_data_the_reader_had_not_read_fails_until_remounted(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rekey re-seals the files' chunks in place, under a key this mount lacks: it
+    stays at its generation, but what it had not read (cached) can no longer be read."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
+        await writer.fsync()
+        before = writer.commits.generation
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        await writer.adopt_rekey(start_rekey(volume_store))
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.rekey.progress.finished, writer.rekey.progress.error
+        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+        with pytest.raises(IntegrityError, match="must be mounted again"):
+            await read_all(reader, f)
+    async with mounted(volume_store, **IDLE) as remounted:
+        assert await read_all(remounted, f) == b"sealed under the old key"
 
 
 async def _stays_at(
