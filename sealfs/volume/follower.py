@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 
 import trio
+import trio.lowlevel
 
 from sealfs.errors import SealfsError, StoreError, VolumeChangedError
 from sealfs.meta.codec import LoggedSegment
@@ -77,11 +78,15 @@ class Follower:
             self._retry_log.succeeded()
             if not batch:
                 return
-            try:
-                self._adopt(batch)
-            except SealfsError as exc:
-                self._stop(exc)
-                return
+            for segment in batch:
+                try:
+                    self._adopt([segment])
+                except SealfsError as exc:
+                    self._stop(exc)
+                    return
+                # A commit at a time, requests in between: each sees a whole generation,
+                # and a batch of big commits (0.9 s for 120,000 records) held them all.
+                await trio.lowlevel.checkpoint()
 
     def _stop(self, exc: SealfsError) -> None:
         generation = self._loaded.live.generation
