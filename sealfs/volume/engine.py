@@ -619,7 +619,12 @@ class Volume:
         inode = self.inode(self._handle(fh).ino)
         if not inode.is_reg:
             raise FsError(errno.EINVAL)
-        return await self.files.read(inode, offset, size)
+        try:
+            return await self.files.read(inode, offset, size)
+        except IntegrityError:
+            if self.follower is not None:
+                await self.follower.notice_rekey()  # the look may not meet it for a while
+            raise
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         handle = self._handle(fh)

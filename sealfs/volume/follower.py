@@ -21,9 +21,10 @@ import trio
 import trio.lowlevel
 
 from sealfs.errors import SealfsError, StoreError, VolumeChangedError
+from sealfs.keys.header import decode_header
 from sealfs.meta.codec import LoggedSegment
 from sealfs.volume.committer import RetryLog
-from sealfs.volume.loader import Loaded, fetch_new_segments
+from sealfs.volume.loader import Loaded, fetch_new_segments, read_header
 
 log = logging.getLogger("sealfs.volume")
 
@@ -79,6 +80,8 @@ class Follower:
             if not batch:
                 return
             for segment in batch:
+                if self.stopped is not None:  # by a read that met a rekey, meanwhile
+                    return
                 try:
                     self._adopt([segment])
                 except SealfsError as exc:
@@ -87,6 +90,26 @@ class Follower:
                 # A commit at a time, requests in between: each sees a whole generation,
                 # and a batch of big commits (0.9 s for 120,000 records) held them all.
                 await trio.lowlevel.checkpoint()
+
+    async def notice_rekey(self) -> None:
+        """After a read here failed authentication: stop, saying why, if the volume's
+        header names a key epoch newer than this mount's.
+
+        A rekey re-seals every chunk in place under a key this mount lacks, and a look
+        meets it only in the writer's next commit: after an idle writer's rekey the
+        mount went on following, its status said nothing, and its reads failed.
+        """
+        if self.stopped is not None:
+            return
+        try:
+            data = await trio.to_thread.run_sync(
+                read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
+            )
+            epoch = decode_header(data).data_epoch
+        except SealfsError:  # an unreadable header says nothing of a rekey
+            return
+        if epoch > self._loaded.keys.epoch:
+            self._stop(VolumeChangedError(f"the volume's header names key epoch {epoch}"))
 
     def _stop(self, exc: SealfsError) -> None:
         generation = self._loaded.live.generation

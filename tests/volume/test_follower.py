@@ -297,6 +297,27 @@ async def test_after_a_rekey_data_the_reader_had_not_read_fails_until_remounted(
         assert await read_all(remounted, f) == b"sealed under the old key"
 
 
+async def test_a_rekey_by_an_idle_writer_stops_following_at_the_first_read_it_fails(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no commit after the rekey there is no new segment to meet it: the mount went
+    on following, its status said nothing, and every read it had not cached failed."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
+        await writer.fsync()
+        before = writer.commits.generation
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        await writer.adopt_rekey(start_rekey(volume_store))
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.commits.generation == before  # nothing new to look at
+        with pytest.raises(IntegrityError, match="must be mounted again"):
+            await read_all(reader, f)
+        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+
+
 async def _stays_at(
     reader: Volume, generation: int, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
