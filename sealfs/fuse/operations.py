@@ -182,7 +182,7 @@ class Operations(pyfuse3.Operations):
         if name == b".":
             attr = await self.volume.getattr(parent_inode)
         elif name == b"..":
-            attr = await self.volume.getattr(self.volume.inode(parent_inode).parent or parent_inode)
+            attr = await self.volume.getattr(self.volume.parent_of(parent_inode))
         else:
             return self._entry(await self.volume.lookup(parent_inode, name))
         self.volume.note_lookup(attr.ino)
@@ -315,7 +315,7 @@ class Operations(pyfuse3.Operations):
         # the engine's own indices follow, shifted by two.
         if start_id < 2:
             ino = self._dir_inodes[fh]
-            dots = [(b".", ino), (b"..", self.volume.inode(ino).parent or ino)][start_id:]
+            dots = [(b".", ino), (b"..", self.volume.parent_of(ino))][start_id:]
             for offset, (name, dot_ino) in enumerate(dots, start=start_id + 1):
                 attr = self._entry(await self.volume.getattr(dot_ino))
                 if not pyfuse3.readdir_reply(token, name, attr, offset):

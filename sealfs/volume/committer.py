@@ -191,6 +191,16 @@ class Committer:
         self._tail_ops = sum(len(logged.segment.ops) for logged in self._tail)
         self._tail_bytes = sum(logged.size for logged in self._tail)
 
+    def followed(self) -> None:
+        """A read-only mount replayed the writer's next commit: status shows where it is.
+
+        Not start(), which sums the whole tail loaded at mount: once per replayed
+        segment, that grew with the log a follower never compacts.
+        """
+        self.generation = self._live.generation
+        self._head_hash = self._live.head_hash
+        self.last_commit_ns = self._live.committed_ns
+
     def record(self, op: ops.Op) -> None:
         """Apply a record to the live state and queue it for the next commit."""
         record(self._live, self.pending, op)

@@ -98,6 +98,8 @@ class Volume:
         self._handles: dict[int, Handle | DirHandle] = {}
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
+        # Handles open on each inode, directories' too: what the writer deletes while one
+        # is open on a follower stays there until it is closed, as on the writer's mount.
         self._opens: dict[int, int] = {}
         # Sorted names of each directory listed since it last changed: the listing every
         # pass of readdir that begins meanwhile takes (see readdir), one copy for them all.
@@ -118,8 +120,8 @@ class Volume:
             if self.read_only
             else None
         )
-        # Files open here that the writer deleted since: readable until closed, as an
-        # unlinked file is on the writer's own mount.
+        # Files (and directories) open here that the writer deleted since: readable until
+        # closed, as an unlinked file is on the writer's own mount.
         self._detached: dict[int, Inode] = {}
         # Given the inodes a replay changed that the kernel holds (set by the FUSE layer,
         # which tells the kernel to drop their attributes: it keeps them for a second).
@@ -269,7 +271,7 @@ class Volume:
             for ino, inode in open_here.items():
                 if inode is not None and ino not in self.meta.inodes:
                     self._detached[ino] = inode
-            self.commits.start()  # status shows the generation followed
+            self.commits.followed()
             if self.on_followed is not None:
                 self.on_followed(sorted(changed.intersection(self._lookups)))
 
@@ -286,6 +288,13 @@ class Volume:
             # exists; ESTALE makes the kernel look the name up again, and open that.
             raise FsError(errno.ESTALE if self.follower is not None else errno.ENOENT)
         return inode
+
+    def parent_of(self, ino: int) -> int:
+        """The directory ".." in directory ino names: its parent, or itself at the root and
+        once the parent is gone (on a follower, a directory open there that the writer
+        removed with its parent; a listing of it failed on "..")."""
+        parent = self.inode(ino).parent or ino
+        return parent if parent in self.meta.inodes or parent in self._detached else ino
 
     def _dir(self, ino: int) -> Inode:
         inode = self.inode(ino)
@@ -621,7 +630,12 @@ class Volume:
         inode = self.inode(self._handle(fh).ino)
         if not inode.is_reg:
             raise FsError(errno.EINVAL)
-        return await self.files.read(inode, offset, size)
+        try:
+            return await self.files.read(inode, offset, size)
+        except IntegrityError:
+            if self.follower is not None:
+                await self.follower.notice_rekey()  # the look may not meet it for a while
+            raise
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         handle = self._handle(fh)
@@ -726,12 +740,16 @@ class Volume:
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         if isinstance(handle, Handle):
-            left = self._opens.get(handle.ino, 0) - 1
-            if left > 0:
-                self._opens[handle.ino] = left
-            else:
-                self._opens.pop(handle.ino, None)
-                self._maybe_delete(handle.ino)
+            self._closed(handle.ino)
+
+    def _closed(self, ino: int) -> None:
+        """A handle on ino (a file's or a directory's) was released."""
+        left = self._opens.get(ino, 0) - 1
+        if left > 0:
+            self._opens[ino] = left
+        else:
+            self._opens.pop(ino, None)
+            self._maybe_delete(ino)
 
     async def fsync(self) -> None:
         """fsync, fdatasync, syncfs: everything recorded before the call is committed."""
@@ -749,6 +767,7 @@ class Volume:
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = DirHandle(ino, [])
+        self._opens[ino] = self._opens.get(ino, 0) + 1
         return fh
 
     async def readdir(self, fh: int, start: int, limit: int | None = None) -> list[DirEntry]:
@@ -800,7 +819,9 @@ class Volume:
         return names
 
     async def releasedir(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, DirHandle):
+            self._closed(handle.ino)
 
     # -- extended attributes -----------------------------------------------------------
 

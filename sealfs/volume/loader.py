@@ -238,6 +238,12 @@ def fetch_new_segments(loaded: Loaded, limit: int) -> list[tuple[str, LoggedSegm
     """
     got: list[tuple[str, LoggedSegment]] = []
     state = loaded.live
+    if not _exists(loaded.store, segment_name(state.generation + 1)):
+        # Nothing new, as at most looks. Segments are never deleted, and a local store's
+        # listing walks all of l/: with 400,000 of them a look took 0.65 s of a core,
+        # every interval. A store that hides this segment alone shows nothing new here,
+        # as one that hides every new segment would; the next mount finds the gap.
+        return got
     with contextlib.closing(
         _segments_after(loaded.store, loaded.keys, loaded.volume_id, state, limit)
     ) as segments:

@@ -55,3 +55,37 @@ def test_a_repeated_request_error_is_logged_again_after_ten_minutes_with_its_cou
         "another error",
         "store disk full (the same error 4 more times since it was last logged)",
     ]
+
+
+async def test_a_directory_the_writer_removed_with_its_parent_still_lists_on_a_follower(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only mount following the writer, with a directory open whose parent the
+    writer removed too: a listing (getdents) failed with ENOENT, looking up "." and "..",
+    where the writer's own mount lists it empty. ".." names the directory itself then."""
+    replies: list[tuple[bytes, int]] = []
+
+    def reply(token: object, name: bytes, attr: pyfuse3.EntryAttributes, offset: int) -> bool:
+        replies.append((name, attr.st_ino))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, read_only=True, commit_interval=3600.0) as reader,
+    ):
+        a = (await writer.mkdir(ROOT_INO, b"a", 0o755, 0, 0)).ino
+        b = (await writer.mkdir(a, b"b", 0o755, 0, 0)).ino
+        await writer.fsync()
+        assert reader.follower is not None
+        await reader.follower.catch_up()
+        ops = Operations(reader)
+        fh = await ops.opendir(b, None)
+        await writer.rmdir(a, b"b")
+        await writer.rmdir(ROOT_INO, b"a")
+        await writer.forget(list(writer._lookups.items()))  # its kernel let go of both
+        await writer.fsync()
+        await reader.follower.catch_up()
+        await ops.readdir(fh, 0, None)
+        assert replies == [(b".", b), (b"..", b)]
+        await ops.releasedir(fh)

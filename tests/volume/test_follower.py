@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
+import time
 
 import pytest
 import trio
+import trio.lowlevel
 
 from sealfs.cli.status_cmd import _rows
+from sealfs.errors import IntegrityError
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
-from sealfs.store.base import ObjectStore
+from sealfs.store.base import ObjectInfo, ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
 from sealfs.volume.engine import Volume
 from sealfs.volume.status import volume_status
-from tests.conftest import mounted
+from tests.conftest import WrappedStore, mounted
 from tests.volume.test_engine import (
     R,
     expect,
@@ -96,6 +100,55 @@ async def test_a_file_open_here_stays_readable_after_the_writer_deletes_it(
         await expect(errno.ESTALE, reader.getattr(f))
 
 
+async def test_a_backlog_is_replayed_a_commit_at_a_time_with_requests_in_between(
+    volume_store: ObjectStore,
+) -> None:
+    """A batch (up to 256 commits) was replayed in one go on the FUSE loop: 8 commits
+    of 5,000 new files each held every request for 0.9 s."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        assert reader.follower is not None
+        before = reader.meta.generation
+        for k in range(4):
+            await mkfile(writer, ROOT_INO, b"f%d" % k, b"x")
+            await writer.fsync()
+        seen: set[int] = set()
+
+        async def requests() -> None:
+            while True:
+                seen.add(reader.meta.generation)  # what a request served now would show
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(requests)
+            await reader.follower.catch_up()
+            nursery.cancel_scope.cancel()
+        assert reader.meta.generation == writer.commits.generation
+        assert seen - {before, writer.commits.generation}, seen
+
+
+async def test_a_directory_open_here_stays_open_after_the_writer_removes_it(
+    volume_store: ObjectStore,
+) -> None:
+    """As on the writer's own mount (and ext4): fstat of the descriptor shows it with no
+    links, and a listing is empty. The inode was dropped at once, so both said ENOENT."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        a = await mkdir(writer, ROOT_INO, b"a")
+        b = await mkdir(writer, a, b"b")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        fh = await reader.opendir(b)
+        await writer.rmdir(a, b"b")
+        await writer.rmdir(ROOT_INO, b"a")
+        await forget_all(writer)  # its kernel let go: the writer deletes both inodes
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert a not in reader.meta.inodes and b not in reader.meta.inodes
+        assert (await reader.getattr(b)).nlink == 0
+        assert await reader.readdir(fh, 0) == []
+        await reader.releasedir(fh)
+        await expect(errno.ESTALE, reader.getattr(b))  # the kernel looks it up again
+
+
 async def test_a_backlog_longer_than_a_batch_is_taken_in_one_catch_up(
     volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,6 +178,70 @@ async def test_an_unreachable_store_is_retried_at_the_next_look(
         assert await names(reader, ROOT_INO) == [b"f"]
 
 
+class WatchedLog(WrappedStore):
+    """Wraps a store and counts its listings of the log; once stall is set, every look
+    at the log hangs until released (an S3 endpoint that stopped answering: each
+    request waits for --store-timeout)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.lists = 0
+        self.stall = False
+        self.looking = threading.Event()
+        self.released = threading.Event()
+
+    def _look(self) -> None:
+        if self.stall:
+            self.looking.set()
+            self.released.wait(10)
+
+    def stat(self, name: str) -> ObjectInfo:
+        if name.startswith(SEGMENT_PREFIX):
+            self._look()
+        return self.inner.stat(name)  # type: ignore[no-any-return]
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        if prefix == SEGMENT_PREFIX:
+            self.lists += 1
+            self._look()
+        return self.inner.list(prefix, start_after)  # type: ignore[no-any-return]
+
+
+async def test_a_look_that_finds_nothing_new_does_not_list_the_log(
+    volume_store: ObjectStore,
+) -> None:
+    """Segments are never deleted, and a local store's listing walks all of l/: with
+    400,000 segments each look took 0.65 s of a core, every interval, with nothing new."""
+    store = WatchedLog(volume_store)
+    async with mounted(volume_store) as writer, mounted(store, **IDLE) as reader:  # type: ignore[arg-type]
+        assert reader.follower is not None
+        store.lists = 0
+        for _ in range(3):
+            await reader.follower.catch_up()
+        assert store.lists == 0
+        await mkfile(writer, ROOT_INO, b"f", b"x")
+        await writer.fsync()
+        await reader.follower.catch_up()
+        assert await names(reader, ROOT_INO) == [b"f"]
+
+
+async def test_an_unmount_does_not_wait_for_a_look_at_a_stalled_store(
+    volume_store: ObjectStore,
+) -> None:
+    """A read-only mount has nothing to commit, yet its unmount waited for the look in
+    flight: up to --store-timeout (300 s), and `sealfs umount` gave up after 60 s, saying
+    the daemon was still committing."""
+    store = WatchedLog(volume_store)
+    try:
+        async with mounted(store, read_only=True, commit_interval=0.01):  # type: ignore[arg-type]
+            store.stall = True
+            assert await trio.to_thread.run_sync(store.looking.wait, 5)
+            began = time.monotonic()
+        assert time.monotonic() - began < 2
+    finally:
+        store.released.set()
+
+
 async def test_a_damaged_segment_stops_following_at_the_generation_before(
     volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -152,6 +269,53 @@ async def test_a_rekey_stops_following_and_says_to_remount(
         await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+
+
+async def test_after_a_rekey_data_the_reader_had_not_read_fails_until_remounted(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rekey re-seals the files' chunks in place, under a key this mount lacks: it
+    stays at its generation, but what it had not read (cached) can no longer be read."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
+        await writer.fsync()
+        before = writer.commits.generation
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        await writer.adopt_rekey(start_rekey(volume_store))
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.rekey.progress.finished, writer.rekey.progress.error
+        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+        with pytest.raises(IntegrityError, match="must be mounted again"):
+            await read_all(reader, f)
+    async with mounted(volume_store, **IDLE) as remounted:
+        assert await read_all(remounted, f) == b"sealed under the old key"
+
+
+async def test_a_rekey_by_an_idle_writer_stops_following_at_the_first_read_it_fails(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no commit after the rekey there is no new segment to meet it: the mount went
+    on following, its status said nothing, and every read it had not cached failed."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
+        await writer.fsync()
+        before = writer.commits.generation
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        await writer.adopt_rekey(start_rekey(volume_store))
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.commits.generation == before  # nothing new to look at
+        with pytest.raises(IntegrityError, match="must be mounted again"):
+            await read_all(reader, f)
         await _stays_at(reader, before, "the volume was rekeyed", caplog)
 
 
