@@ -278,16 +278,7 @@ async def test_after_a_rekey_data_the_reader_had_not_read_fails_until_remounted(
     """The rekey re-seals the files' chunks in place, under a key this mount lacks: it
     stays at its generation, but what it had not read (cached) can no longer be read."""
     async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
-        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
-        await writer.fsync()
-        before = writer.commits.generation
-        await reader.follower.catch_up()  # type: ignore[union-attr]
-        f = await ino_of(reader, "f")
-        await writer.adopt_rekey(start_rekey(volume_store))
-        assert writer.rekey is not None
-        with trio.fail_after(60):
-            await writer.rekey.ended.wait()
-        assert writer.rekey.progress.finished, writer.rekey.progress.error
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
         await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
@@ -304,19 +295,29 @@ async def test_a_rekey_by_an_idle_writer_stops_following_at_the_first_read_it_fa
     """With no commit after the rekey there is no new segment to meet it: the mount went
     on following, its status said nothing, and every read it had not cached failed."""
     async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
-        await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
-        await writer.fsync()
-        before = writer.commits.generation
-        await reader.follower.catch_up()  # type: ignore[union-attr]
-        f = await ino_of(reader, "f")
-        await writer.adopt_rekey(start_rekey(volume_store))
-        assert writer.rekey is not None
-        with trio.fail_after(60):
-            await writer.rekey.ended.wait()
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
         assert writer.commits.generation == before  # nothing new to look at
         with pytest.raises(IntegrityError, match="must be mounted again"):
             await read_all(reader, f)
         await _stays_at(reader, before, "the volume was rekeyed", caplog)
+
+
+async def _rekeyed_to_the_end(
+    writer: Volume, reader: Volume, store: ObjectStore
+) -> tuple[int, int]:
+    """The writer commits file f, the reader follows, then the writer rekeys the volume to
+    the end (every chunk re-sealed): (the generation the reader holds, f's inode)."""
+    await mkfile(writer, ROOT_INO, b"f", b"sealed under the old key")
+    await writer.fsync()
+    before = writer.commits.generation
+    await reader.follower.catch_up()  # type: ignore[union-attr]
+    f = await ino_of(reader, "f")
+    await writer.adopt_rekey(start_rekey(store))
+    assert writer.rekey is not None
+    with trio.fail_after(60):
+        await writer.rekey.ended.wait()
+    assert writer.rekey.progress.finished, writer.rekey.progress.error
+    return before, f
 
 
 async def _stays_at(
