@@ -77,7 +77,9 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
         " ~/.cache/sealfs/<hash of the URL> for S3 stores)",
     )
     p.add_argument(
-        "--cache-size", default="1G", help="upper bound of the cache directory (default 1G)"
+        "--cache-size",
+        default="1G",
+        help="upper bound of the cache directory (default 1G; 0 turns the cache off)",
     )
 
 

@@ -215,7 +215,9 @@ def open_store(
     store_timeout: how long one store request may keep failing transiently
     before it fails for good (StoreUnavailableError, EIO in the mount).
     default_cache: for S3 stores, cache chunks under default_cache_dir() when no
-    cache_dir is given (init passes False: it reads no chunk).
+    cache_dir is given (init passes False: it reads no chunk). cache_bytes 0 turns
+    the cache off: there was no other way to say so, and a cache of no bytes still
+    made its directory and looked in it before every fetch, keeping nothing.
     Raises ConfigError for an unsupported or malformed URL. Opens no connection
     and touches no file yet (but for creating the cache directory).
     """
@@ -262,6 +264,6 @@ def open_store(
             cache_dir = cache_dir_for(url, None, s3_endpoint)
     else:
         raise ConfigError(f"unsupported store URL scheme {scheme}://: give {SUPPORTED_FORMS}")
-    if cache_dir is not None:
+    if cache_dir is not None and cache_bytes > 0:
         store = CachingStore(store, cache_dir, cache_bytes)
     return store

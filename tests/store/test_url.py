@@ -96,6 +96,12 @@ def test_s3_url_opens_a_retrying_s3_store_with_a_default_cache(
     assert store.request_counts() == {}
     uncached = open_store("s3://bucket/vol", default_cache=False)
     assert isinstance(uncached, RetryingStore)
+    for no_cache in (
+        open_store("s3://bucket/vol", cache_bytes=0),
+        open_store("s3://bucket/vol", cache_dir=tmp_path / "given", cache_bytes=0),
+    ):
+        assert isinstance(no_cache, RetryingStore)  # --cache-size 0: no cache at all
+    assert not (tmp_path / "given").exists()
 
 
 @pytest.mark.parametrize("value", ["", "relative/cache"])
