@@ -206,9 +206,12 @@ def test_unreachable_kms(kms_env: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: nothing listens
-    dead = KmsClients(boto3_client_factory(f"http://127.0.0.1:{port}"))
-    with dead, pytest.raises(KeyUnavailableError, match="cannot reach AWS KMS"):
+    # With credentials in the URL, as AWS_ENDPOINT_URL may hold them: never quoted (botocore
+    # names the URL it could not reach, and the message reached the terminal and the log).
+    dead = KmsClients(boto3_client_factory(f"http://agent:hunter2@127.0.0.1:{port}"))
+    with dead, pytest.raises(KeyUnavailableError, match="cannot reach AWS KMS") as info:
         kms_volume(dead, "alias/whatever")
+    assert "hunter2" not in str(info.value) and "127.0.0.1" in str(info.value)
 
 
 def test_volume_without_kms_slot(clients: KmsClients) -> None:
