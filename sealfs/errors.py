@@ -8,6 +8,19 @@ line that names the problem and, where there is one, the fix.
 from __future__ import annotations
 
 import errno as _errno
+import re
+
+# user:password@ in a URL, up to its last @ before the path (a password may hold one).
+_USERINFO_RE = re.compile(r"(?<=://)[^/\s\"']*@")
+
+
+def without_userinfo(text: str) -> str:
+    """text with any URL's user:password@ taken out, for a message.
+
+    botocore quotes the endpoint it failed to reach or set up, and AWS_ENDPOINT_URL
+    (boto3's to read, so S3 and KMS errors alike) may carry credentials.
+    """
+    return _USERINFO_RE.sub("", text)
 
 
 class SealfsError(Exception):

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sealfs.crypto.subkeys import MASTER_KEY_SIZE
-from sealfs.errors import ConfigError, FormatError, KeyUnavailableError, WrongKeyError
+from sealfs.errors import (
+    ConfigError,
+    FormatError,
+    KeyUnavailableError,
+    WrongKeyError,
+    without_userinfo,
+)
 from sealfs.keys.header import Keyslot
 from sealfs.keys.slots import KIND_AWS_KMS, SlotMaker
 
@@ -135,16 +141,6 @@ def params_from_slot(slot: Keyslot) -> KmsParams:
     return KmsParams(raw["key_id"], raw["key_arn"], raw["region"])
 
 
-# user:password@ in a URL (botocore quotes the endpoint it could not reach, and
-# AWS_ENDPOINT_URL, boto3's to read, may carry them).
-_USERINFO_RE = re.compile(r"(?<=://)[^/\s@\"']*@")
-
-
-def _without_userinfo(exc: Exception) -> str:
-    """The error's text with any URL's user:password@ taken out."""
-    return _USERINFO_RE.sub("", str(exc))
-
-
 def _aws_message(exc: Any) -> str:
     text = str(exc.response.get("Error", {}).get("Message", "")).strip()
     return " ".join(text.split())[:200]
@@ -194,9 +190,11 @@ def _translate(exc: Exception, what: str, key: str, region: str | None) -> Excep
             " or an instance role)"
         )
     if isinstance(exc, bce.ConnectionError | bce.HTTPClientError):
-        return KeyUnavailableError(f"{what}: cannot reach AWS KMS{where}: {_without_userinfo(exc)}")
+        return KeyUnavailableError(
+            f"{what}: cannot reach AWS KMS{where}: {without_userinfo(str(exc))}"
+        )
     if isinstance(exc, bce.BotoCoreError | ValueError):
-        return KeyUnavailableError(f"{what}: AWS KMS client error: {_without_userinfo(exc)}")
+        return KeyUnavailableError(f"{what}: AWS KMS client error: {without_userinfo(str(exc))}")
     raise exc
 
 

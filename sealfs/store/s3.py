@@ -51,6 +51,7 @@ from sealfs.errors import (
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
+    without_userinfo,
 )
 from sealfs.store.base import (
     ObjectInfo,
@@ -473,13 +474,8 @@ class S3Store:
 
     def _scrub(self, error: BaseException) -> str:
         """The error's text without the endpoint URL's user:password@, which botocore
-        quotes ('Could not connect to the endpoint URL: "http://user:pw@host/..."'):
-        AWS_ENDPOINT_URL is boto3's to read, and may carry them."""
-        text = str(error)
-        netloc = urlsplit(self._custom_endpoint() or "").netloc
-        if "@" in netloc:
-            text = text.replace(netloc.rsplit("@", 1)[0] + "@", "")
-        return text
+        quotes ('Could not connect to the endpoint URL: "http://user:pw@host/..."')."""
+        return without_userinfo(str(error))
 
     def _endpoint_source(self) -> str:
         """Where the custom endpoint was given, for messages."""
