@@ -38,6 +38,7 @@ from sealfs.errors import (
 from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
+from sealfs.meta.codec import LoggedSegment
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume import xattrs
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
@@ -45,7 +46,7 @@ from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import RESERVED_WORKERS, Chunks
 from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
-from sealfs.volume.follower import Batch, Follower
+from sealfs.volume.follower import Follower
 from sealfs.volume.leftovers import clear_crash_leftovers
 from sealfs.volume.loader import Loaded, read_header, release_record, replay_new_segment
 from sealfs.volume.options import VolumeOptions
@@ -258,14 +259,11 @@ class Volume:
         if op[0] in _LISTING_CHANGES:
             self._listings.pop(op[1], None)  # a directory whose names changed, or is gone
 
-    def _adopt_followed(self, batch: Batch) -> None:
-        """Apply segments the writer committed, in order, with no await between them."""
+    def _adopt_followed(self, name: str, logged: LoggedSegment) -> None:
+        """Apply the writer's next commit, whole (no await inside)."""
         open_here = {ino: self.meta.inodes.get(ino) for ino in self._opens}
-        changed: set[int] = set()
         try:
-            for name, logged in batch:
-                replay_new_segment(self.meta, name, logged)
-                changed.update(op[1] for op in logged.segment.ops if op[0] in _ATTR_CHANGES)
+            replay_new_segment(self.meta, name, logged)
         finally:
             self._listings.clear()  # any directory may have changed
             for ino, inode in open_here.items():
@@ -273,6 +271,7 @@ class Volume:
                     self._detached[ino] = inode
             self.commits.followed()
             if self.on_followed is not None:
+                changed = {op[1] for op in logged.segment.ops if op[0] in _ATTR_CHANGES}
                 self.on_followed(sorted(changed.intersection(self._lookups)))
 
     def _attr(self, inode: Inode) -> Attr:

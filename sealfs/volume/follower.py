@@ -28,18 +28,16 @@ log = logging.getLogger("sealfs.volume")
 
 FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long outage's backlog)
 
-Batch = list[tuple[str, LoggedSegment]]
-
 
 class Follower:
-    """Looks for new segments every interval and hands them to adopt, in order."""
+    """Looks for new segments every interval and hands each to adopt, in order."""
 
     def __init__(
         self,
         loaded: Loaded,
         limiter: trio.CapacityLimiter,
         interval: float,
-        adopt: Callable[[Batch], None],
+        adopt: Callable[[str, LoggedSegment], None],
     ) -> None:
         self._loaded = loaded
         self._limiter = limiter
@@ -77,11 +75,11 @@ class Follower:
             self._retry_log.succeeded()
             if not batch:
                 return
-            for segment in batch:
+            for name, logged in batch:
                 if self.stopped is not None:  # by a read that met a rekey, meanwhile
                     return
                 try:
-                    self._adopt([segment])
+                    self._adopt(name, logged)
                 except SealfsError as exc:
                     self._stop(exc)
                     return

@@ -269,10 +269,8 @@ def _segments_after(
 
     Lazily: an error names its fix from the state as replayed up to it.
     """
-    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))
-    with contextlib.closing(
-        _fetch_in_order(store, names[:limit])
-    ) as fetched:  # no thread outlives it
+    names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))[:limit]
+    with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
         for name, sealed in fetched:
             gen = parse_generation(name)
             try:
