@@ -28,6 +28,7 @@ from sealfs.keys.slots import Passphrase
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.engine import Volume
+from sealfs.volume.follower import UnlockAgain
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from sealfs.volume.options import VolumeOptions
 from tests.mounts import VolumeEnv, force_unmount, mounted_sealfs
@@ -76,14 +77,16 @@ class WrappedStore:
 
 
 @asynccontextmanager
-async def mounted(store: ObjectStore, **options: Any) -> AsyncIterator[Volume]:
+async def mounted(
+    store: ObjectStore, unlock_again: UnlockAgain | None = None, **options: Any
+) -> AsyncIterator[Volume]:
     """Open, claim and run a volume on store; unmounts cleanly on exit."""
     loaded = open_volume(store, Passphrase(PASSPHRASE))
     opts = VolumeOptions(**options)
     if not opts.read_only:
         check_writer(loaded, takeover=False)
         claim_writer(loaded)
-    volume = Volume(loaded, opts)
+    volume = Volume(loaded, opts, unlock_again)
     async with volume.running():
         yield volume
 

@@ -94,6 +94,23 @@ class KeyRing:
             self._retired, self._keys[epoch] = self._epoch, keys
             self._epoch = epoch
 
+    def follow(self, epoch: int, keys: Subkeys, retired: tuple[int, Subkeys] | None) -> None:
+        """Hold exactly the epochs a newer header names (a read-only mount, which seals
+        nothing): its current one, and the retired one while a rekey re-seals.
+
+        A read-only mount may meet a header one rekey ahead, or several (it had
+        stopped, or looked rarely); whatever it held before opens none of the
+        objects left once those rekeys end.
+        """
+        with self._lock:
+            if epoch <= self._epoch:
+                raise ValueError(f"epoch {epoch} is not newer than {self._epoch}")
+            self._keys = {epoch: keys}
+            self._epoch, self._retired = epoch, None
+            if retired is not None:
+                self._retired = retired[0]
+                self._keys[retired[0]] = retired[1]
+
     def drop_retired(self) -> None:
         """Forget the retired epoch's keys: its objects no longer open."""
         with self._lock:

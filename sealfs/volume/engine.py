@@ -46,7 +46,7 @@ from sealfs.volume.buffers import BlockPool
 from sealfs.volume.chunks import RESERVED_WORKERS, Chunks
 from sealfs.volume.committer import Committer, RetryLog, pause_after_failure
 from sealfs.volume.filedata import FileData
-from sealfs.volume.follower import Follower
+from sealfs.volume.follower import Follower, UnlockAgain
 from sealfs.volume.leftovers import clear_crash_leftovers
 from sealfs.volume.loader import Loaded, read_header, release_record, replay_new_segment
 from sealfs.volume.options import VolumeOptions
@@ -80,7 +80,11 @@ class DirHandle:
 class Volume:
     """One mounted volume. Use `async with volume.running():` around all calls."""
 
-    def __init__(self, loaded: Loaded, options: VolumeOptions) -> None:
+    def __init__(
+        self, loaded: Loaded, options: VolumeOptions, unlock_again: UnlockAgain | None = None
+    ) -> None:
+        """unlock_again: how a read-only mount unlocks the header of a rekey by itself
+        (None: it cannot, and stops following at a rekey; see sealfs.volume.follower)."""
         self.loaded = loaded
         self.options = options
         self.meta: MetaState = loaded.live
@@ -117,7 +121,9 @@ class Volume:
         # A read-only mount follows the writer's commits; one that was writable never
         # does (turned read-only, fenced, it holds changes the log does not).
         self.follower = (
-            Follower(loaded, self._limiter, options.commit_interval, self._adopt_followed)
+            Follower(
+                loaded, self._limiter, options.commit_interval, self._adopt_followed, unlock_again
+            )
             if self.read_only
             else None
         )
@@ -632,9 +638,10 @@ class Volume:
         try:
             return await self.files.read(inode, offset, size)
         except IntegrityError:
-            if self.follower is not None:
-                await self.follower.notice_rekey()  # the look may not meet it for a while
-            raise
+            # A follower's look may not meet a rekey for a while: the read that fails does.
+            if self.follower is None or not await self.follower.notice_rekey():
+                raise
+        return await self.files.read(inode, offset, size)  # under the key just taken
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         handle = self._handle(fh)

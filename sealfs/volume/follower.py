@@ -8,6 +8,13 @@ always sees a committed generation, never part of one.
 
 What the kernel keeps is the engine's and the FUSE layer's to settle (see
 Volume._adopt_followed and docs/design.md).
+
+A rekey seals the writer's next commits, and re-seals every object, under a
+key this mount was not given. It unlocks the new header with the secret it was
+mounted with, read again from where the mount read it (a file, KMS, a token):
+the daemon keeps no secret in memory for it. A passphrase typed on a terminal
+cannot be read again, and a slot the rekey dropped no longer opens: such a
+mount stops following, and says to remount.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from collections.abc import Callable
 import trio
 import trio.lowlevel
 
-from sealfs.errors import SealfsError, StoreError, VolumeChangedError
+from sealfs.errors import IntegrityError, SealfsError, StoreError, VolumeChangedError
 from sealfs.keys.header import decode_header
+from sealfs.keys.rekey import open_retired
+from sealfs.keys.slots import Unlocked
 from sealfs.meta.codec import LoggedSegment
 from sealfs.volume.committer import RetryLog
 from sealfs.volume.loader import Loaded, fetch_new_segments, read_header
@@ -27,6 +36,9 @@ from sealfs.volume.loader import Loaded, fetch_new_segments, read_header
 log = logging.getLogger("sealfs.volume")
 
 FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long outage's backlog)
+# Unlocks a header with the secret the mount was unlocked with, read again (blocking).
+UnlockAgain = Callable[[bytes], Unlocked]
+REKEYED = "the volume was rekeyed"
 
 
 class Follower:
@@ -38,12 +50,15 @@ class Follower:
         limiter: trio.CapacityLimiter,
         interval: float,
         adopt: Callable[[str, LoggedSegment], None],
+        unlock_again: UnlockAgain | None = None,
     ) -> None:
         self._loaded = loaded
         self._limiter = limiter
         self._interval = interval
         self._adopt = adopt
         self._retry_log = RetryLog("reading the writer's new commits", logging.WARNING)
+        self._unlock_again = unlock_again  # None: the mount's secret cannot be read again
+        self._taking_key = trio.Lock()  # reads failing together unlock the new header once
         self.stopped: str | None = None  # why this mount no longer follows, once it does not
 
     async def loop(self) -> None:
@@ -69,8 +84,12 @@ class Follower:
             except StoreError as exc:  # unreachable, or slow: the next look may get through
                 self._retry_log.failed(exc)
                 return
+            except VolumeChangedError:  # a segment sealed under a newer key epoch
+                if await self.notice_rekey():
+                    continue
+                return
             except SealfsError as exc:
-                self._stop(exc)
+                self._stop(str(exc))
                 return
             self._retry_log.succeeded()
             if not batch:
@@ -81,38 +100,67 @@ class Follower:
                 try:
                     self._adopt(name, logged)
                 except SealfsError as exc:
-                    self._stop(exc)
+                    self._stop(str(exc))
                     return
                 # A commit at a time, requests in between: each sees a whole generation,
                 # and a batch of big commits (0.9 s for 120,000 records) held them all.
                 await trio.lowlevel.checkpoint()
 
-    async def notice_rekey(self) -> None:
-        """After a read here failed authentication: stop, saying why, if the volume's
-        header names a key epoch newer than this mount's.
+    async def notice_rekey(self) -> bool:
+        """After a read here failed authentication: take the new key if the volume's header
+        names a key epoch newer than this mount's. Returns whether it did (the read may
+        be tried again).
 
-        A rekey re-seals every chunk in place under a key this mount lacks, and a look
-        meets it only in the writer's next commit: after an idle writer's rekey the
-        mount went on following, its status said nothing, and its reads failed.
+        A rekey re-seals every chunk in place, and a look meets it only in the writer's
+        next commit: after an idle writer's rekey the reads failed, and the mount went
+        on following with nothing said in its status.
         """
-        if self.stopped is not None:
-            return
-        try:
-            data = await trio.to_thread.run_sync(
-                read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
-            )
-            epoch = decode_header(data).data_epoch
-        except SealfsError:  # an unreadable header says nothing of a rekey
-            return
-        if epoch > self._loaded.keys.epoch:
-            self._stop(VolumeChangedError(f"the volume's header names key epoch {epoch}"))
+        epoch = self._loaded.keys.epoch
+        return await self._take_new_key() and self._loaded.keys.epoch > epoch
 
-    def _stop(self, exc: SealfsError) -> None:
+    async def _take_new_key(self) -> bool:
+        """Hold the keys of the header's epochs if it names a newer one than this mount's,
+        unlocking it again (see the module's docstring). Returns whether following goes
+        on; stops, saying why, when the new key cannot be had. A header that cannot be
+        read says nothing either way: the next look or read asks again.
+        """
+        async with self._taking_key:
+            if self.stopped is not None:
+                return False
+            ring = self._loaded.keys
+            try:
+                data = await trio.to_thread.run_sync(
+                    read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
+                )
+                epoch = decode_header(data).data_epoch
+            except SealfsError:
+                return False
+            if epoch <= ring.epoch:
+                return True  # taken meanwhile, or no rekey at all
+            if self._unlock_again is None:
+                self._stop(
+                    f"{REKEYED}, and this mount was unlocked with a passphrase typed on a"
+                    " terminal, which it cannot read again"
+                )
+                return False
+            try:
+                unlocked = await trio.to_thread.run_sync(
+                    self._unlock_again, data, limiter=self._limiter, abandon_on_cancel=True
+                )
+                header = unlocked.header
+                if header.volume_id != self._loaded.volume_id:
+                    raise IntegrityError("the store's header now belongs to another volume")
+                retired = open_retired(header, unlocked.master_key)
+            except SealfsError as exc:
+                self._stop(f"{REKEYED}, and this mount could not unlock its new key: {exc}")
+                return False
+            ring.follow(header.data_epoch, unlocked.subkeys, retired)
+            self._loaded.header = header
+            log.info("key epoch %d: this read-only mount reads under it", header.data_epoch)
+            return True
+
+    def _stop(self, why: str) -> None:
         generation = self._loaded.live.generation
-        if isinstance(exc, VolumeChangedError):
-            why = "the volume was rekeyed, and this mount holds only the keys it was mounted with"
-        else:
-            why = str(exc)
         self.stopped = f"stays at generation {generation}: {why}"
         log.error(
             "this read-only mount stopped following the writer and %s; remount it to see"

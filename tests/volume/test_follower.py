@@ -13,6 +13,7 @@ import trio.lowlevel
 
 from sealfs.cli.status_cmd import _rows
 from sealfs.errors import IntegrityError
+from sealfs.keys.slots import Passphrase, Unlocked, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectInfo, ObjectStore
@@ -20,7 +21,7 @@ from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
 from sealfs.volume.engine import Volume
 from sealfs.volume.status import volume_status
-from tests.conftest import WrappedStore, mounted
+from tests.conftest import PASSPHRASE, WrappedStore, mounted
 from tests.volume.test_engine import (
     R,
     expect,
@@ -260,7 +261,108 @@ async def test_a_damaged_segment_stops_following_at_the_generation_before(
         assert await names(reader, ROOT_INO) == [b"good"]
 
 
-async def test_a_rekey_stops_following_and_says_to_remount(
+def unlock_again(data: bytes) -> Unlocked:
+    """What the daemon of a mount unlocked from a passphrase file does at a rekey."""
+    return unlock(data, Passphrase(PASSPHRASE))
+
+
+async def test_a_reader_follows_through_a_rekey_unlocking_the_new_header_itself(
+    volume_store: ObjectStore,
+) -> None:
+    """Without the new key it stopped at the rekey's first commit, and was to be remounted."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
+        assert reader.meta.generation == writer.commits.generation > before
+        assert reader.loaded.keys.epoch == writer.loaded.keys.epoch == 1
+        assert await read_all(reader, await ino_of(reader, "after")) == b"sealed under the new key"
+        assert await read_all(reader, f) == b"sealed under the old key"  # re-sealed meanwhile
+
+
+async def test_a_reader_follows_a_rekey_that_is_still_re_sealing(
+    volume_store: ObjectStore,
+) -> None:
+    """While the writer re-seals, objects of both epochs are in the store: the reader
+    holds both keys, as the header does."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        await mkfile(writer, ROOT_INO, b"old", b"sealed under the old key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        master = start_rekey(volume_store)
+        writer._start_rekey = lambda: None  # type: ignore[method-assign]  # re-seals nothing
+        await writer.adopt_rekey(master)
+        await mkfile(writer, ROOT_INO, b"new", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert reader.loaded.keys.retired_epoch == 0 and reader.loaded.keys.epoch == 1
+        assert await read_all(reader, await ino_of(reader, "old")) == b"sealed under the old key"
+        assert await read_all(reader, await ino_of(reader, "new")) == b"sealed under the new key"
+
+
+async def test_a_reader_that_missed_two_rekeys_takes_the_newest_key(
+    volume_store: ObjectStore,
+) -> None:
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        _, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        await _rekey_to_the_end(writer, volume_store)
+        await mkfile(writer, ROOT_INO, b"after", b"under the third key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
+        assert reader.loaded.keys.epoch == 2 and reader.loaded.keys.retired_epoch is None
+        assert await read_all(reader, await ino_of(reader, "after")) == b"under the third key"
+        assert await read_all(reader, f) == b"sealed under the old key"
+
+
+async def test_a_read_that_meets_an_idle_writers_rekey_takes_the_new_key(
+    volume_store: ObjectStore,
+) -> None:
+    """No commit came after the rekey, so no look met it: the read that fails takes the
+    key and is answered (it failed with EIO, and the mount stopped following)."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        assert writer.commits.generation == before  # nothing new to look at
+        assert await read_all(reader, f) == b"sealed under the old key"
+        assert reader.loaded.keys.epoch == 1
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
+
+
+async def test_a_reader_that_cannot_unlock_the_new_header_stops_and_says_why(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its passphrase changed, or its slot was dropped by the rekey: it stays where it is."""
+
+    def wrong_passphrase(data: bytes) -> Unlocked:
+        return unlock(data, Passphrase(b"not the passphrase any more"))
+
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, wrong_passphrase, **IDLE) as reader,
+    ):
+        before = writer.commits.generation
+        await writer.adopt_rekey(start_rekey(volume_store))
+        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _stays_at(reader, before, "could not unlock its new key: wrong passphrase", caplog)
+
+
+async def test_a_rekey_stops_a_reader_unlocked_on_a_terminal_and_says_to_remount(
     volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
@@ -269,37 +371,22 @@ async def test_a_rekey_stops_following_and_says_to_remount(
         await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
-        await _stays_at(reader, before, "the volume was rekeyed", caplog)
+        await _stays_at(reader, before, "typed on a terminal", caplog)
 
 
-async def test_after_a_rekey_data_the_reader_had_not_read_fails_until_remounted(
+async def test_after_a_rekey_data_a_reader_unlocked_on_a_terminal_had_not_read_fails(
     volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The rekey re-seals the files' chunks in place, under a key this mount lacks: it
-    stays at its generation, but what it had not read (cached) can no longer be read."""
+    stays at its generation, but what it had not read (cached) can no longer be read.
+    With no commit after the rekey, the read that fails is what meets it."""
     async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
         before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
-        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
-        await _stays_at(reader, before, "the volume was rekeyed", caplog)
         with pytest.raises(IntegrityError, match="must be mounted again"):
             await read_all(reader, f)
+        await _stays_at(reader, before, "typed on a terminal", caplog)
     async with mounted(volume_store, **IDLE) as remounted:
         assert await read_all(remounted, f) == b"sealed under the old key"
-
-
-async def test_a_rekey_by_an_idle_writer_stops_following_at_the_first_read_it_fails(
-    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
-) -> None:
-    """With no commit after the rekey there is no new segment to meet it: the mount went
-    on following, its status said nothing, and every read it had not cached failed."""
-    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
-        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
-        assert writer.commits.generation == before  # nothing new to look at
-        with pytest.raises(IntegrityError, match="must be mounted again"):
-            await read_all(reader, f)
-        await _stays_at(reader, before, "the volume was rekeyed", caplog)
 
 
 async def _rekeyed_to_the_end(
@@ -312,12 +399,16 @@ async def _rekeyed_to_the_end(
     before = writer.commits.generation
     await reader.follower.catch_up()  # type: ignore[union-attr]
     f = await ino_of(reader, "f")
+    await _rekey_to_the_end(writer, store)
+    return before, f
+
+
+async def _rekey_to_the_end(writer: Volume, store: ObjectStore) -> None:
     await writer.adopt_rekey(start_rekey(store))
     assert writer.rekey is not None
     with trio.fail_after(60):
         await writer.rekey.ended.wait()
     assert writer.rekey.progress.finished, writer.rekey.progress.error
-    return before, f
 
 
 async def _stays_at(
