@@ -287,6 +287,45 @@ def unlock_header(
     raise AssertionError("unreachable")
 
 
+def unlocker_for_rekeys(
+    args: argparse.Namespace, unlocked: Unlocked
+) -> Callable[[bytes], Unlocked] | None:
+    """How a read-only mount's daemon unlocks the header of a later rekey by itself.
+
+    With the kind of secret that unlocked the mount, read again from the same
+    file, KMS or token when the rekey comes: the daemon keeps no secret in memory
+    for it (a PIN or passphrase is read, used and dropped). None for one typed
+    on a terminal. Paths are made absolute now: the daemon runs in /.
+    """
+    secret = unlocked.secret
+    if isinstance(secret, RecoveryKey):
+        recovery_file = os.path.abspath(args.recovery_key_file)
+        return lambda data: unlock(data, recovery_secret(recovery_file))
+    if isinstance(secret, Passphrase):
+        source = passphrase_source(getattr(args, "passphrase_file", None))
+        if source is None:
+            return None
+        passphrase_file = os.path.abspath(source)
+        return lambda data: unlock(data, Passphrase(get_passphrase(passphrase_file, confirm=False)))
+    if isinstance(secret, KmsUnlocker):
+        pinned = secret.pinned_key_id
+
+        def with_kms(data: bytes) -> Unlocked:
+            with kms_clients(args) as clients:
+                return unlock(data, KmsUnlocker(clients, pinned))
+
+        return with_kms
+    if isinstance(secret, Pkcs11Unlocker):
+        pin_source = secret_source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL)
+        if pin_source is None:
+            return None
+        pin_file, module = os.path.abspath(pin_source), secret.module
+        return lambda data: unlock(
+            data, Pkcs11Unlocker(Pin(read_secret_file(pin_file, "PKCS#11 PIN")), module)
+        )
+    return None
+
+
 def _volume_named(args: argparse.Namespace) -> str:
     """The store an unlock failed for, as its error names it.
 

@@ -19,6 +19,7 @@ from sealfs.cli.allocator import limit_malloc_arenas
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.daemon import Report, daemonize, reopen_log, stopped_by
 from sealfs.cli.exitcodes import BUG, BUSY, FAILURE, USAGE, exit_code
+from sealfs.cli.keysource import unlocker_for_rekeys
 from sealfs.cli.logs import setup_logging
 from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
@@ -136,12 +137,14 @@ def run_mount(args: argparse.Namespace) -> int:
     log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
-        loaded, seen, recorded = unlock_seen(args, accepting=args.accept_rollback)
+        loaded, seen, recorded, unlocked = unlock_seen(args, accepting=args.accept_rollback)
         seen.check(recorded, loaded.live.generation)
         seen.warn_if_behind_elsewhere(loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
-        volume = Volume(loaded, options)
+        unlock_again = unlocker_for_rekeys(args, unlocked) if options.read_only else None
+        volume = Volume(loaded, options, unlock_again)
+        del unlocked  # nor its secret: the daemon keeps none (see unlocker_for_rekeys)
         prepare(volume, mountpoint, allow_other=args.allow_other, log_file=log_path or None)
         # The metadata just loaded lives as long as the mount: the collector can skip
         # it from now on, and the daemon forked next does not copy its pages to do so.

@@ -63,7 +63,7 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
             f" (or create a volume there with 'sealfs init {target}')"
         )
     args.store = target
-    loaded, _, recorded = unlock_seen(args)  # the record as it was before the load
+    loaded, _, recorded, _ = unlock_seen(args)  # the record as it was before the load
     status = volume_status(Volume(loaded, VolumeOptions(read_only=True)))
     status["pid"] = None
     status["seen_generation"] = None if recorded is None else recorded[0]

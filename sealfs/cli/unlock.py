@@ -10,6 +10,7 @@ from sealfs.cli.paths import user_path
 from sealfs.cli.seen import Recorded, SeenVolume
 from sealfs.cli.units import parse_size, seconds
 from sealfs.keys.header import decode_header
+from sealfs.keys.slots import Unlocked
 from sealfs.store.base import ObjectStore
 from sealfs.store.url import check_local_directory, open_store
 from sealfs.volume.loader import Loaded, load_unlocked, read_header
@@ -98,7 +99,7 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
 
 def unlock_seen(
     args: argparse.Namespace, *, accepting: bool = False
-) -> tuple[Loaded, SeenVolume, Recorded | None]:
+) -> tuple[Loaded, SeenVolume, Recorded | None, Unlocked]:
     """Open, unlock and load the volume the arguments name (errors are typed), with
     the volume's record at that store as read BEFORE the log is listed.
 
@@ -114,4 +115,5 @@ def unlock_seen(
     volume_id = decode_header(header).volume_id  # the bytes that unlock authenticates
     seen = SeenVolume.of(volume_id, args.store, store, accepting=accepting)
     recorded = seen.recorded()
-    return load_unlocked(store, unlock_header(args, header)), seen, recorded
+    unlocked = unlock_header(args, header)
+    return load_unlocked(store, unlocked), seen, recorded, unlocked

@@ -174,3 +174,30 @@ def test_a_descriptor_open_on_the_reader_reads_what_the_writer_changed_in_place(
         finally:
             os.close(fd)
     env.umount()
+
+
+def test_a_read_only_mount_follows_the_writer_through_a_rekey(mounted_env: VolumeEnv) -> None:
+    """It unlocks the new header by itself, with its passphrase file read again. Before,
+    it stopped following at the rekey, and every read of what the rekey re-sealed failed
+    with EIO until it was remounted."""
+    env = mounted_env
+    before = os.urandom(300_000)
+    (env.mnt / "before").write_bytes(before)
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    with read_only_mount(env, 0.2) as ro:
+        assert (ro / "before").stat().st_size == len(before)  # not read: nothing cached
+        rekey = sealfs(
+            "rekey", str(env.store), "--passphrase-file", str(env.passfile), "--drop-slot", "1",
+            timeout=180,
+        )  # fmt: skip
+        assert rekey.returncode == 0, rekey.stderr
+        (env.mnt / "after").write_text("sealed under the new key")
+        assert sealfs("sync", str(env.mnt)).returncode == 0
+        wait_until(partial(reached, ro, env.status()["generation"]), 15)
+        assert (ro / "after").read_text() == "sealed under the new key"
+        if (ro / "before").read_bytes() != before:
+            pytest.fail("a file re-sealed by the rekey reads other bytes on the follower")
+        followed = json.loads(os.getxattr(ro, STATUS_XATTR))
+        assert followed["follow_stopped"] is None and followed["key_epoch"] == 1
+    assert "ERROR" not in (env.root / "ro.log").read_text()
+    env.umount()
