@@ -4,6 +4,7 @@ and failures that name their cause in one line and change nothing."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,16 @@ import pytest
 from sealfs.keys.header import HEADER_NAME
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.cli.test_keys import cli, ok, write
+from tests.fuse.test_follow import wait_until
 from tests.kms.conftest import key_id_of
-from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
+from tests.mounts import (
+    CHEAP_KDF,
+    STATUS_XATTR,
+    VolumeEnv,
+    force_unmount,
+    mounted_sealfs,
+    sealfs,
+)
 
 WRONG_KEY, FAILURE, USAGE = 3, 1, 2
 
@@ -195,3 +204,35 @@ def test_add_aws_kms_with_key_denied_changes_nothing(
                        "--passphrase-file", str(env.passfile)), WRONG_KEY)  # fmt: skip
     assert "denied access" in err
     assert fingerprint(env.store) == before
+
+
+@pytest.mark.fuse
+def test_a_read_only_mount_unlocked_by_kms_follows_a_rekey(
+    kms_env: str, kms_key: str, tmp_path: Path
+) -> None:
+    """Its daemon asks KMS for the new header's key by itself: it keeps no secret, and
+    `sealfs rekey` can hand a read-only mount nothing (the kernel refuses its setxattr)."""
+    env = VolumeEnv(tmp_path)
+    init_kms(env, kms_key)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    try:
+        ok(sealfs("mount", str(env.store), str(env.mnt), "--log-file", str(env.log)))
+        (env.mnt / "before").write_text("sealed under the old key")
+        ok(sealfs("sync", str(env.mnt)))
+        ok(sealfs("mount", str(env.store), str(ro), "--read-only", "--commit-interval", "0.2",
+                  "--log-file", str(tmp_path / "ro.log")))  # fmt: skip
+        ok(sealfs("rekey", str(env.store), "--drop-slot", "0", timeout=180))
+        (env.mnt / "after").write_text("sealed under the new key")
+        ok(sealfs("sync", str(env.mnt)))
+        wait_until((ro / "after").exists, 15)
+        assert (ro / "after").read_text() == "sealed under the new key"
+        assert (ro / "before").read_text() == "sealed under the old key"
+        assert json.loads(os.getxattr(ro, STATUS_XATTR))["follow_stopped"] is None
+        ok(sealfs("umount", str(ro)))
+        env.umount()
+    finally:
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+        assert not env.cleanup()
+    assert "ERROR" not in (tmp_path / "ro.log").read_text()
