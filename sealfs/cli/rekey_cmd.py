@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import socket
 import sys
@@ -32,7 +33,7 @@ from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import ConfigError, SealfsError, WriterConflictError
 from sealfs.fuse.mount import mounts
-from sealfs.fuse.operations import REKEY_XATTR
+from sealfs.fuse.operations import REKEY_XATTR, TAKE_KEY_XATTR
 from sealfs.keys.header import Keyslot, VolumeHeader, decode_header
 from sealfs.keys.hsm import TokenKey, check_trusted_module, pkcs11_slot_maker
 from sealfs.keys.hsm import params_from_slot as token_params
@@ -122,7 +123,49 @@ def run(args: argparse.Namespace) -> int:
         f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
         f" ({progress.resealed_bytes / 1e6:.1f} MB) re-encrypted in {progress.seconds():.1f} s."
     )
+    _report_followers(loaded, progress.to_epoch)
     return 0
+
+
+def _report_followers(loaded: Loaded, epoch: int) -> None:
+    """Have each read-only mount of the volume on this host take the new key, and say
+    whether it did.
+
+    Each unlocks the new header by itself if it can (sealfs.volume.follower), but only
+    when it meets the rekey: at the writer's next commit, or at its first read of a
+    re-sealed file. One that cannot stops following and must be remounted, which
+    "Rekey done" alone left its reads to tell, some time later.
+    """
+    for mountpoint in _sealfs_mounts():
+        if _follower_status(loaded, mountpoint) is None:
+            continue
+        try:
+            status = json.loads(os.getxattr(mountpoint, TAKE_KEY_XATTR.decode()))
+        except OSError as exc:  # a daemon older than this request: ENODATA
+            said = f"cannot be asked to take the new key ({exc.strerror}): remount it"
+        else:
+            stopped, held = status.get("follow_stopped"), status.get("key_epoch")
+            if stopped:
+                said = f"not following ({stopped}): remount it"
+            elif isinstance(held, int) and held >= epoch:
+                said = "follows under the new key"
+            else:  # the store did not answer: it asks again at its next look
+                said = f"has not taken the new key yet: see 'sealfs status {mountpoint}'"
+        print(f"Read-only mount {mountpoint}: {said}.")
+
+
+def _follower_status(loaded: Loaded, mountpoint: str) -> dict[str, object] | None:
+    """The status of the mount at mountpoint if it is a read-only mount of this volume
+    and store, else None (another volume, a writer, a mount gone meanwhile)."""
+    try:
+        status = read_status(mountpoint)
+    except OSError:
+        return None
+    if not status.get("read_only") or status.get("volume_id") != loaded.volume_id.hex():
+        return None
+    if not _same_store(status.get("store_location"), store_location(loaded.store)):
+        return None
+    return status
 
 
 def _new_epoch(

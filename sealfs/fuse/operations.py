@@ -41,6 +41,9 @@ STATUS_XATTR = b"user.sealfs.status"
 # Written on the root by `sealfs rekey` (value: the new master key) to hand the
 # daemon a key epoch the store's header already names; never stored.
 REKEY_XATTR = b"user.sealfs.rekey"
+# Read on the root by `sealfs rekey` from a read-only mount of the volume: the mount takes
+# the new key now (unlocking the new header itself), and answers with its status.
+TAKE_KEY_XATTR = b"user.sealfs.take-new-key"
 READDIR_BATCH = 256  # directory entries asked of the engine at a time
 # The kernel turns O_APPEND into write offsets itself, and it alone sees fcntl(F_SETFL)
 # change the flag later: the engine must take its offsets as they come.
@@ -370,7 +373,11 @@ class Operations(pyfuse3.Operations):
 
     @_boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
+        if inode == pyfuse3.ROOT_INODE and name in (STATUS_XATTR, TAKE_KEY_XATTR):
+            if name == TAKE_KEY_XATTR:
+                if ctx.uid not in (0, os.getuid()):
+                    raise pyfuse3.FUSEError(errno.EPERM)  # an unlock costs an Argon2id run
+                await self.volume.take_new_key()
             status = await mounted_volume_status(self.volume) | {"log_file": self.log_file}
             return json.dumps(status).encode()
         return await self.volume.getxattr(inode, name)

@@ -252,6 +252,12 @@ class Volume:
         log.info("key epoch %d: new objects are sealed under it from now on", header.data_epoch)
         self._start_rekey()
 
+    async def take_new_key(self) -> None:
+        """A read-only mount takes a rekey's new key now, not when its next look or a read
+        meets the rekey: after an idle writer's rekey, that was at the first read."""
+        if self.follower is not None:
+            await self.follower.notice_rekey()
+
     def _spawn(self, fn: partial[object] | object) -> None:
         if self._nursery is not None:
             self._nursery.start_soon(fn)  # type: ignore[arg-type]

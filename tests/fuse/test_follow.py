@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -12,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import STATUS_XATTR, VolumeEnv, force_unmount, mounted_sealfs, sealfs
+from tests.mounts import (
+    STATUS_XATTR,
+    VolumeEnv,
+    force_unmount,
+    mounted_sealfs,
+    python_for_others,
+    sealfs,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -30,14 +39,14 @@ def reached(mountpoint: Path, generation: int) -> bool:
 
 
 @contextlib.contextmanager
-def read_only_mount(env: VolumeEnv, interval: float) -> Iterator[Path]:
+def read_only_mount(env: VolumeEnv, interval: float, *extra: str) -> Iterator[Path]:
     """A read-only mount of env's volume beside its writer, following every interval;
     unmounted on leaving (the test fails if that fails)."""
     ro = env.root / "ro"
     ro.mkdir()
     mounted = sealfs(
         *env.mount_args(ro, log=False), "--read-only", "--commit-interval", str(interval),
-        "--log-file", str(env.root / "ro.log"),
+        "--log-file", str(env.root / "ro.log"), *extra,
     )  # fmt: skip
     assert mounted.returncode == 0, mounted.stderr
     try:
@@ -191,6 +200,7 @@ def test_a_read_only_mount_follows_the_writer_through_a_rekey(mounted_env: Volum
             timeout=180,
         )  # fmt: skip
         assert rekey.returncode == 0, rekey.stderr
+        assert f"Read-only mount {ro}: follows under the new key." in rekey.stdout
         (env.mnt / "after").write_text("sealed under the new key")
         assert sealfs("sync", str(env.mnt)).returncode == 0
         wait_until(partial(reached, ro, env.status()["generation"]), 15)
@@ -200,4 +210,45 @@ def test_a_read_only_mount_follows_the_writer_through_a_rekey(mounted_env: Volum
         followed = json.loads(os.getxattr(ro, STATUS_XATTR))
         assert followed["follow_stopped"] is None and followed["key_epoch"] == 1
     assert "ERROR" not in (env.root / "ro.log").read_text()
+    env.umount()
+
+
+def test_a_rekey_names_the_read_only_mount_that_cannot_take_the_new_key(
+    mounted_env: VolumeEnv,
+) -> None:
+    """It was unlocked with the recovery key, whose slot the rekey drops: `sealfs rekey`
+    says to remount it, at once (the mount itself would have met the rekey only at the
+    writer's next commit, or at its first read of a re-sealed file, and stopped then)."""
+    env = mounted_env
+    with read_only_mount(env, 3600, "--recovery-key-file", str(env.recovery_file)) as ro:
+        rekey = sealfs(
+            "rekey", str(env.store), "--passphrase-file", str(env.passfile), "--drop-slot", "1",
+            timeout=180,
+        )  # fmt: skip
+        assert rekey.returncode == 0, rekey.stderr
+        said = rekey.stdout.splitlines()[-1]
+        assert said.startswith(f"Read-only mount {ro}: not following (stays at generation ")
+        assert "could not unlock its new key" in said and "wrong recovery key" in said
+        assert said.endswith("): remount it.")
+        stopped = json.loads(os.getxattr(ro, STATUS_XATTR))["follow_stopped"]
+        assert stopped is not None and "wrong recovery key" in stopped
+    env.umount()
+
+
+def test_only_the_owner_may_have_a_read_only_mount_unlock_a_new_key(
+    mounted_env: VolumeEnv,
+) -> None:
+    """Each such request may cost an Argon2id run: other users get EPERM."""
+    env = mounted_env
+    with read_only_mount(env, 3600, "--allow-other") as ro:
+        script = f"import os; os.getxattr({str(ro)!r}, 'user.sealfs.take-new-key')"
+        with python_for_others(ro.parent):
+            result = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 sys.executable, "-c", script],
+                capture_output=True, text=True, timeout=30, check=False,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, cwd="/",
+            )  # fmt: skip
+        assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr, result.stderr
+        assert json.loads(os.getxattr(ro, "user.sealfs.take-new-key"))["key_epoch"] == 0  # root
     env.umount()
