@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         master, header = _new_epoch(args, unlocked, store, version)
         if live is not None:
             _hand_over(live, master)
+    _report_followers(loaded, header.data_epoch)  # they read both epochs while it runs
     if live is not None:
         if args.no_wait:
             print(f"The daemon of {live.path} re-encrypts in the background.")
@@ -123,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
         f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
         f" ({progress.resealed_bytes / 1e6:.1f} MB) re-encrypted in {progress.seconds():.1f} s."
     )
-    _report_followers(loaded, progress.to_epoch)
     return 0
 
 
@@ -133,8 +133,8 @@ def _report_followers(loaded: Loaded, epoch: int) -> None:
 
     Each unlocks the new header by itself if it can (sealfs.volume.follower), but only
     when it meets the rekey: at the writer's next commit, or at its first read of a
-    re-sealed file. One that cannot stops following and must be remounted, which
-    "Rekey done" alone left its reads to tell, some time later.
+    re-sealed file. One that cannot stops following and must be remounted, which the
+    command's output did not say: its reads told, some time later.
     """
     for mountpoint in _sealfs_mounts():
         if _follower_status(loaded, mountpoint) is None:

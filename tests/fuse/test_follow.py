@@ -226,7 +226,7 @@ def test_a_rekey_names_the_read_only_mount_that_cannot_take_the_new_key(
             timeout=180,
         )  # fmt: skip
         assert rekey.returncode == 0, rekey.stderr
-        said = rekey.stdout.splitlines()[-1]
+        said = next(line for line in rekey.stdout.splitlines() if line.startswith("Read-only"))
         assert said.startswith(f"Read-only mount {ro}: not following (stays at generation ")
         assert "could not unlock its new key" in said and "wrong recovery key" in said
         assert said.endswith("): remount it.")
