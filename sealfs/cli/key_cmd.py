@@ -24,7 +24,7 @@ from sealfs.cli.keysource import (
     unlock_header,
 )
 from sealfs.cli.paths import check_key_file_outside_store, user_path
-from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
+from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
@@ -241,6 +241,7 @@ def run_add(args: argparse.Namespace) -> int:
     if args.kind == KIND_RECOVERY:
         check_key_file_outside_store(args.new_recovery_key_file, args.store)
         check_recovery_key_shown(args.new_recovery_key_file, "--new-recovery-key-file")
+        check_new_key_file(args.new_recovery_key_file)
     store = store_from(args)
     unlocker = _unlocker(args, pin=False)
     if args.kind == KIND_RECOVERY:

@@ -35,6 +35,7 @@ from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (
     StoppedByBug,
     abandon,
+    check_mountpoint,
     fusermount,
     hold_ending_signals,
     is_mounted,
@@ -133,6 +134,8 @@ def run_mount(args: argparse.Namespace) -> int:
     cache = cache_dir_for(args.store, Path(args.cache_dir) if args.cache_dir else None,
                           args.s3_endpoint)  # fmt: skip
     _check_paths(args.store, mountpoint, str(cache) if cache else None)  # before any is made
+    # Before asking for a secret; a dead mount stays until the unlock has worked.
+    check_mountpoint(mountpoint, allow_other=args.allow_other, clear_dead_mount=False)
     log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():

@@ -181,6 +181,23 @@ def test_mount_replaces_a_sealfs_mount_whose_daemon_died(mounted_env: VolumeEnv)
     env.umount()
 
 
+def test_a_mount_that_fails_to_unlock_leaves_a_dead_mount_in_place(
+    mounted_env: VolumeEnv,
+) -> None:
+    """The dead mount goes only once the volume is unlocked: removed before, a restart
+    that cannot unlock (a wrong passphrase, KMS unreachable) left the plain directory
+    for agents to write their checkpoints into, in plaintext."""
+    env = mounted_env
+    kill_daemons(env)
+    wrong = write_secret(env.root / "wrong", "not the passphrase")
+    failed = sealfs("mount", str(env.store), str(env.mnt), "--passphrase-file", str(wrong),
+                    "--log-file", str(env.log))  # fmt: skip
+    assert "wrong passphrase" in one_line(failed, 3)
+    assert env.is_mounted() and not env.daemon_pids()  # still dead: writes there fail
+    assert "removed the dead sealfs mount" in one_line(env.mount(), 0)
+    env.umount()
+
+
 def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -> None:
     """Regression: the dead mount was looked up under the mountpoint as given, and the
     mount table holds the real path: named through a symlink (a unit's /var/run/...),
