@@ -96,6 +96,34 @@ def test_usage_error_is_one_line_naming_the_command(
     assert words in err, err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "store", "--passphrase", "hunter2 horse"],
+        ["mount", "store", "mnt", "--passphrase=hunter2 horse"],
+        ["init", "store", "--pass", "hunter2 horse"],
+        ["key", "add", "store", "pkcs11", "--pin", "hunter2 horse"],
+    ],
+)
+def test_a_secret_on_the_command_line_is_refused_and_never_echoed(args: list[str]) -> None:
+    """Regression: argparse took --passphrase (or --pass) for --passphrase-file, its
+    abbreviation, and the error quoted the passphrase on stderr, a log or a terminal's
+    scrollback: "cannot read passphrase file hunter2 horse"."""
+    result = sealfs(*args)
+    assert result.returncode == USAGE, result
+    err = result.stderr.strip()
+    assert "\n" not in err and "hunter2" not in err, err
+    assert "never taken from the command line" in err and "--passphrase-file FILE" in err, err
+
+
+def test_an_abbreviated_option_is_not_taken_for_another() -> None:
+    """An option is its whole name: argparse took --read for --read-only, and any prefix
+    of an option for it, so a typo or a guessed name could land on a real option."""
+    result = sealfs("mount", "store", "mnt", "--read")
+    assert result.returncode == USAGE, result
+    assert "unrecognized arguments: --read " in result.stderr, result.stderr
+
+
 def _raise(exc: BaseException) -> Callable[..., None]:
     def raiser(*args: object, **kwargs: object) -> None:
         raise exc
