@@ -66,6 +66,8 @@ def unrecognized(extra: list[str]) -> str:
         else:
             shown.append(word)
     message = f"unrecognized arguments: {' '.join(shown)}"
+    if "-v" in shown or "--verbose" in shown:
+        message += "; --verbose (-v) goes before the command: 'sealfs -v COMMAND ...'"
     if secret:
         message += (
             "; secrets are never taken from the command line: put it in a file only you"

@@ -79,6 +79,8 @@ def test_python_dash_m_sealfs_is_the_sealfs_command() -> None:
         (["mount", "s"], "mount", "required: mountpoint"),
         (["key", "remove", "s", "x"], "key remove", "invalid int value: 'x'"),
         (["key", "list", "s", "--bogus"], "key list", "unrecognized arguments: --bogus"),
+        # Regression: the line did not say where the option goes (README: sealfs -v COMMAND).
+        (["mount", "s", "m", "-v"], "mount", "-v; --verbose (-v) goes before the command"),
         (["key"], "key", "required: ACTION"),
         ([], "", "required: COMMAND"),
     ],
