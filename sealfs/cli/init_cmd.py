@@ -45,12 +45,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--passphrase-file",
         type=user_path,
+        metavar="FILE",
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE, or the"
         " sealfs-passphrase systemd credential; default: asked twice on the terminal)",
     )
     p.add_argument(
         "--recovery-key-file",
         type=user_path,
+        metavar="FILE",
         help="write the recovery key to this new file instead of printing it",
     )
     add_kdf_options(p)

@@ -89,7 +89,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--log-file",
         type=user_path,
-        help="daemon log file (default ~/.local/state/sealfs/sealfs.log)",
+        metavar="FILE",
+        help="daemon log file (default $XDG_STATE_HOME/sealfs/sealfs.log,"
+        " ~/.local/state/sealfs/sealfs.log without XDG_STATE_HOME)",
     )
     p.set_defaults(run=run_mount)  # fmt: skip
 
@@ -103,6 +105,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--timeout",
         type=float,
         default=60.0,
+        metavar="SECONDS",
         help="seconds to wait, once unmounted, for the daemon to exit (default 60)",
     )
     u.set_defaults(run=run_umount)

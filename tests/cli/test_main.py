@@ -302,6 +302,26 @@ def test_every_passphrase_file_option_names_the_other_sources() -> None:
     assert "sealfs init" in helps and "sealfs mount" in helps
     for prog, text in helps.items():
         assert "SEALFS_PASSPHRASE_FILE" in text, (prog, text)
+        # Regression: only init's named the credential, which a unit's mount reads.
+        assert "sealfs-passphrase systemd credential" in text, (prog, text)
+
+
+def test_every_option_value_is_named_by_what_it_is() -> None:
+    """Regression: --help showed argparse's names, "--passphrase-file PASSPHRASE_FILE",
+    "--log-file LOG_FILE", "umount --timeout TIMEOUT", beside "--pkcs11-pin-file FILE",
+    "--store-timeout SECONDS", and did not say in what unit a cache size is given."""
+    for prog, parser in _all_parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.nargs != 0:
+                assert action.metavar is not None, (prog, action.option_strings)
+
+
+def test_the_default_paths_in_mount_help_are_those_the_readme_gives() -> None:
+    """The log under $XDG_STATE_HOME if set; the cache named by URL and endpoint."""
+    (mount,) = (parser for prog, parser in _all_parsers(build_parser()) if prog == "sealfs mount")
+    assert "$XDG_STATE_HOME/sealfs/sealfs.log" in (_option_help(mount, "--log-file") or "")
+    cache_help = _option_help(mount, "--cache-dir") or ""
+    assert "$XDG_CACHE_HOME" in cache_help and "endpoint" in cache_help, cache_help
 
 
 def test_store_timeout_help_speaks_of_the_command_it_is_on() -> None:
