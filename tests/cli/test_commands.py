@@ -262,6 +262,23 @@ def test_a_default_log_directory_that_cannot_be_made_is_one_line(volume_env: Vol
     assert not env.is_mounted()
 
 
+def test_a_home_that_does_not_exist_is_not_made(volume_env: VolumeEnv) -> None:
+    """Regression: run by root with HOME=/nonexistent (the home of a service user, which
+    must never exist), mount made /nonexistent/.local/state/sealfs for its log, and
+    status made it for its record of the volume: root may make any directory."""
+    env = volume_env
+    home = env.root / "nonexistent"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    environ["HOME"] = str(home)
+    err = one_line(sealfs(*env.mount_args(log=False), env=environ), USAGE)
+    assert f"the home directory {home} does not exist" in err, err
+    assert "XDG_STATE_HOME" in err and "--log-file" in err, err
+    status = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile), env=environ)
+    assert status.returncode == 0, status.stderr
+    assert "a rollback of the store will not be detected" in status.stderr
+    assert not home.exists()
+
+
 DEAD_FUSE = """
 import sys, pyfuse3, trio
 options = set(pyfuse3.default_options) | {"fsname=sealfs:00000000", "subtype=other"}
