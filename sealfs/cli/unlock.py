@@ -73,6 +73,9 @@ def add_s3_options(
     )
 
 
+DEFAULT_CACHE_SIZE = "1G"
+
+
 def add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-dir",
@@ -84,7 +87,6 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache-size",
-        default="1G",
         metavar="SIZE",
         help="upper bound of the cache directory, in bytes or with K, M, G or T (binary)"
         " (default 1G; 0 turns the cache off)",
@@ -94,7 +96,7 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
 def store_from(args: argparse.Namespace) -> ObjectStore:
     check_local_directory(args.store, existing=True)
     cache_dir = getattr(args, "cache_dir", None)
-    size = parse_size(getattr(args, "cache_size", "1G"))
+    size = parse_size(getattr(args, "cache_size", None) or DEFAULT_CACHE_SIZE)
     return open_store(
         args.store,
         cache_dir=Path(cache_dir) if cache_dir else None,

@@ -529,6 +529,16 @@ def test_cache_dir_inside_the_mountpoint_is_refused_before_creating_it(vol: Volu
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def test_a_cache_size_without_a_cache_for_a_local_store_is_refused(vol: VolumeEnv) -> None:
+    """Regression: `mount STORE MNT --cache-size 512M` on a local store mounted without a
+    cache, and without a word: the README says the cache is off there by default, and
+    a user took the size for what turns it on."""
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--cache-size", "512M")
+    err = one_line(result, USAGE)
+    assert "--cache-size" in err and "add --cache-dir DIR" in err, err
+    assert not os.path.ismount(vol.mnt)
+
+
 def test_mountpoint_inside_the_cache_dir_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:
     """Regression: a mount at CACHE/c wrote the cache's copy of each chunk through itself,
     and the first `sealfs sync` deadlocked in the kernel: the fsync of the root held the
