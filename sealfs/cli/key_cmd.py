@@ -302,8 +302,9 @@ def run_passwd(args: argparse.Namespace) -> int:
         slot = find_slot(unlocked.header, args.slot)
         if slot.kind != KIND_PASSPHRASE:
             raise ConfigError(
-                f"keyslot {args.slot} is a {_safe(slot.kind)} slot: passwd changes passphrase"
-                " slots (use 'sealfs key rotate' for aws-kms and pkcs11 slots)"
+                f"keyslot {args.slot} ({_safe(slot.kind)}) is not a passphrase slot: passwd"
+                " changes passphrase slots (use 'sealfs key rotate' for aws-kms and pkcs11"
+                " slots)"
             )
         return replace_slot(unlocked, args.slot, _kdf_maker(args))[0]
 
@@ -328,9 +329,9 @@ def run_rotate(args: argparse.Namespace) -> int:
                 maker = token_slot_maker(args, default=token_params(slot))
             else:
                 raise ConfigError(
-                    f"keyslot {args.slot} is a {_safe(slot.kind)} slot: rotate re-wraps aws-kms"
-                    " and pkcs11 slots (use 'sealfs key passwd' for a passphrase, or add a new"
-                    " recovery slot and remove the old one)"
+                    f"keyslot {args.slot} ({_safe(slot.kind)}) is not an aws-kms or pkcs11 slot:"
+                    " rotate re-wraps those (use 'sealfs key passwd' for a passphrase, or add"
+                    " a new recovery slot and remove the old one)"
                 )
             return replace_slot(unlocked, args.slot, maker)[0]
 
