@@ -12,7 +12,7 @@ from pathlib import Path
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
 from sealfs.cli.paths import check_key_file_outside_store, user_path
-from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
+from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_s3_options
@@ -35,7 +35,7 @@ from sealfs.store.url import (
     local_path,
     open_store,
 )
-from sealfs.volume.loader import create_volume, read_header
+from sealfs.volume.loader import check_store_is_empty, create_volume, read_header
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,12 +45,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--passphrase-file",
         type=user_path,
+        metavar="FILE",
         help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE, or the"
         " sealfs-passphrase systemd credential; default: asked twice on the terminal)",
     )
     p.add_argument(
         "--recovery-key-file",
         type=user_path,
+        metavar="FILE",
         help="write the recovery key to this new file instead of printing it",
     )
     add_kdf_options(p)
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     check_local_directory(args.store, existing=False)
     check_key_file_outside_store(args.recovery_key_file, args.store)
     check_recovery_key_shown(args.recovery_key_file, "--recovery-key-file")
+    check_new_key_file(args.recovery_key_file)
     with _made_dirs_removed_on_failure(args.store):
         return _create(args)
 
@@ -126,6 +129,7 @@ def _create(args: argparse.Namespace) -> int:
         store_timeout=seconds(args.store_timeout, "--store-timeout"),
         default_cache=False,
     )
+    check_store_is_empty(store)  # before any question, and before the probe writes to it
     if is_s3_url(args.store):
         from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow
 

@@ -24,7 +24,7 @@ from sealfs.cli.keysource import (
     unlock_header,
 )
 from sealfs.cli.paths import check_key_file_outside_store, user_path
-from sealfs.cli.secrets import get_passphrase, secret_file_for_new_slot
+from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
@@ -241,6 +241,7 @@ def run_add(args: argparse.Namespace) -> int:
     if args.kind == KIND_RECOVERY:
         check_key_file_outside_store(args.new_recovery_key_file, args.store)
         check_recovery_key_shown(args.new_recovery_key_file, "--new-recovery-key-file")
+        check_new_key_file(args.new_recovery_key_file)
     store = store_from(args)
     unlocker = _unlocker(args, pin=False)
     if args.kind == KIND_RECOVERY:
@@ -301,8 +302,9 @@ def run_passwd(args: argparse.Namespace) -> int:
         slot = find_slot(unlocked.header, args.slot)
         if slot.kind != KIND_PASSPHRASE:
             raise ConfigError(
-                f"keyslot {args.slot} is a {_safe(slot.kind)} slot: passwd changes passphrase"
-                " slots (use 'sealfs key rotate' for aws-kms and pkcs11 slots)"
+                f"keyslot {args.slot} ({_safe(slot.kind)}) is not a passphrase slot: passwd"
+                " changes passphrase slots (use 'sealfs key rotate' for aws-kms and pkcs11"
+                " slots)"
             )
         return replace_slot(unlocked, args.slot, _kdf_maker(args))[0]
 
@@ -327,9 +329,9 @@ def run_rotate(args: argparse.Namespace) -> int:
                 maker = token_slot_maker(args, default=token_params(slot))
             else:
                 raise ConfigError(
-                    f"keyslot {args.slot} is a {_safe(slot.kind)} slot: rotate re-wraps aws-kms"
-                    " and pkcs11 slots (use 'sealfs key passwd' for a passphrase, or add a new"
-                    " recovery slot and remove the old one)"
+                    f"keyslot {args.slot} ({_safe(slot.kind)}) is not an aws-kms or pkcs11 slot:"
+                    " rotate re-wraps those (use 'sealfs key passwd' for a passphrase, or add"
+                    " a new recovery slot and remove the old one)"
                 )
             return replace_slot(unlocked, args.slot, maker)[0]
 

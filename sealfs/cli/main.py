@@ -6,10 +6,11 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import select
 import sys
 import traceback
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from sealfs import __version__
 from sealfs.cli.commands import COMMANDS
@@ -30,8 +31,50 @@ class OneLineParser(argparse.ArgumentParser):
     they (and key's actions) inherit this.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # An option is its whole name: with argparse's abbreviations, --passphrase SECRET
+        # was --passphrase-file SECRET, whose error then quoted the secret, and a typo or
+        # a guessed name could land on any option it began.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+# Options a user may try to give a secret with: sealfs takes none on the command line.
+_SECRET_OPTION = re.compile(r"--?(new-)?(pass|pin|secret|recovery-key|pkcs11-pin)", re.IGNORECASE)
+
+
+def unrecognized(extra: list[str]) -> str:
+    """The usage error for words no option or argument took, quoting no secret.
+
+    The word after an unknown option is left out, as is what follows an option's "=":
+    it is the option's value, and `--passphrase SECRET` is how a user who has not read
+    the README would try to give one.
+    """
+    shown: list[str] = []
+    secret = value_next = False
+    for word in extra:
+        if word.startswith("-"):
+            name, has_value, _ = word.partition("=")
+            shown.append(name)
+            secret = secret or bool(_SECRET_OPTION.match(name))
+            value_next = not has_value
+        elif value_next:
+            value_next = False
+        else:
+            shown.append(word)
+    message = f"unrecognized arguments: {' '.join(shown)}"
+    if "-v" in shown or "--verbose" in shown:
+        message += "; --verbose (-v) goes before the command: 'sealfs -v COMMAND ...'"
+    if secret:
+        message += (
+            "; secrets are never taken from the command line: put it in a file only you"
+            " can read and give --passphrase-file FILE (--recovery-key-file,"
+            " --pkcs11-pin-file, --new-passphrase-file likewise)"
+        )
+    return message
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -93,7 +136,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         sys.stdout.flush()
         raise
     if extra:
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        command_parser(parser, args).error(unrecognized(extra))
     return args
 
 

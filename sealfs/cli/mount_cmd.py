@@ -25,7 +25,7 @@ from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
-from sealfs.cli.units import format_time, seconds
+from sealfs.cli.units import format_time, parse_size, seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
     add_cache_options,
@@ -36,6 +36,7 @@ from sealfs.errors import ConfigError, SealfsError
 from sealfs.fuse.mount import (
     StoppedByBug,
     abandon,
+    check_mountpoint,
     fusermount,
     hold_ending_signals,
     is_mounted,
@@ -89,7 +90,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--log-file",
         type=user_path,
-        help="daemon log file (default ~/.local/state/sealfs/sealfs.log)",
+        metavar="FILE",
+        help="daemon log file (default $XDG_STATE_HOME/sealfs/sealfs.log,"
+        " ~/.local/state/sealfs/sealfs.log without XDG_STATE_HOME)",
     )
     p.set_defaults(run=run_mount)  # fmt: skip
 
@@ -103,6 +106,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--timeout",
         type=float,
         default=60.0,
+        metavar="SECONDS",
         help="seconds to wait, once unmounted, for the daemon to exit (default 60)",
     )
     u.set_defaults(run=run_umount)
@@ -134,6 +138,14 @@ def run_mount(args: argparse.Namespace) -> int:
     cache = cache_dir_for(args.store, Path(args.cache_dir) if args.cache_dir else None,
                           args.s3_endpoint)  # fmt: skip
     _check_paths(args.store, mountpoint, str(cache) if cache else None)  # before any is made
+    if cache is None and args.cache_size is not None and parse_size(args.cache_size) != 0:
+        # Taken silently before: the mount ran without the cache the user thought sized.
+        raise ConfigError(
+            f"--cache-size {args.cache_size} sizes a cache, and a local store has none"
+            " unless --cache-dir names one: add --cache-dir DIR, or drop --cache-size"
+        )
+    # Before asking for a secret; a dead mount stays until the unlock has worked.
+    check_mountpoint(mountpoint, allow_other=args.allow_other, clear_dead_mount=False)
     log_path, made_log = ("", False) if args.foreground else _log_path(args.log_file, mountpoint)
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():

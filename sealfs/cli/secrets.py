@@ -262,6 +262,20 @@ def _no_secret(what: str, flag: str, env: str, credential: str) -> ConfigError:
     )
 
 
+def _key_file_exists(path: str) -> ConfigError:
+    return ConfigError(f"{path} already exists: choose a new file for the recovery key")
+
+
+def check_new_key_file(path: str | None) -> None:
+    """Refuse, before any prompt or unlock, a recovery key file that already exists.
+
+    write_new_secret_file refuses it too, but only once the passphrase was typed (twice,
+    for init) and Argon2 had run: the user then typed it all again for the new name.
+    """
+    if path is not None and os.path.lexists(path):
+        raise _key_file_exists(path)
+
+
 def write_new_secret_file(path: str, text: str) -> None:
     """Write a new secret (a recovery key) to a file only its owner can read.
 
@@ -272,9 +286,7 @@ def write_new_secret_file(path: str, text: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise ConfigError(
-            f"{path} already exists: choose a new file for the recovery key"
-        ) from None
+        raise _key_file_exists(path) from None
     except OSError as exc:
         raise ConfigError(
             f"cannot create recovery key file {path}: {exc.strerror}: choose a new file for"

@@ -37,11 +37,15 @@ def add_unlock_options(
     p.add_argument(
         "--passphrase-file",
         type=user_path,
-        help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE;"
-        " default: ask on the terminal)",
+        metavar="FILE",
+        help="read the passphrase from this file (or SEALFS_PASSPHRASE_FILE=FILE, or the"
+        " sealfs-passphrase systemd credential; default: ask on the terminal)",
     )
     p.add_argument(
-        "--recovery-key-file", type=user_path, help="unlock with the recovery key in this file"
+        "--recovery-key-file",
+        type=user_path,
+        metavar="FILE",
+        help="unlock with the recovery key in this file",
     )
     add_headless_options(p)  # --kms, --kms-key-id, --pkcs11, ... (rule: cli/keysource.py)
     add_s3_options(p, store_timeout=store_timeout, timeout_help=timeout_help)
@@ -70,24 +74,30 @@ def add_s3_options(
     )
 
 
+DEFAULT_CACHE_SIZE = "1G"
+
+
 def add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-dir",
         type=user_path,
-        help="keep a cache of sealed chunks here (default: off for local stores,"
-        " ~/.cache/sealfs/<hash of the URL> for S3 stores)",
+        metavar="DIR",
+        help="keep a cache of sealed chunks here (default: off for local stores;"
+        " for S3 stores $XDG_CACHE_HOME/sealfs/<hash of the URL and endpoint>,"
+        " ~/.cache without XDG_CACHE_HOME)",
     )
     p.add_argument(
         "--cache-size",
-        default="1G",
-        help="upper bound of the cache directory (default 1G; 0 turns the cache off)",
+        metavar="SIZE",
+        help="upper bound of the cache directory, in bytes or with K, M, G or T (binary)"
+        " (default 1G; 0 turns the cache off)",
     )
 
 
 def store_from(args: argparse.Namespace) -> ObjectStore:
     check_local_directory(args.store, existing=True)
     cache_dir = getattr(args, "cache_dir", None)
-    size = parse_size(getattr(args, "cache_size", "1G"))
+    size = parse_size(getattr(args, "cache_size", None) or DEFAULT_CACHE_SIZE)
     return open_store(
         args.store,
         cache_dir=Path(cache_dir) if cache_dir else None,

@@ -50,9 +50,7 @@ def prepare(
     log_file: the daemon's log (None: its stderr), which `sealfs status`, `sync` and
     `umount` name when they report a failure.
     """
-    _check_mountpoint(mountpoint)
-    if os.geteuid() != 0:
-        _check_user_may_mount(mountpoint, allow_other=allow_other)
+    check_mountpoint(mountpoint, allow_other=allow_other, clear_dead_mount=True)
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
     # Said, not left to libfuse's defaults: writes by other users do not clear the
@@ -335,13 +333,31 @@ def _clear_dead_mount(mountpoint: str) -> None:
     )
 
 
-def _check_mountpoint(mountpoint: str) -> None:
+def check_mountpoint(mountpoint: str, *, allow_other: bool, clear_dead_mount: bool) -> None:
+    """Refuse a mountpoint the kernel mount cannot use. Raises ConfigError or
+    MountpointBusyError naming the problem and the fix.
+
+    `sealfs mount` calls it before the unlock as well as prepare() after it: a missing,
+    busy or non-empty mountpoint was named only once the passphrase had been typed and
+    Argon2 had run (and, with no passphrase source, not at all: "no passphrase").
+    A dead sealfs mount there is removed only with clear_dead_mount, once the volume
+    is unlocked: removed before an unlock that then failed, it left the plain
+    directory under it for agents to write into.
+    """
     # Resolved: the mount table holds the real path, and a mountpoint named through a
     # symlink (a unit's /var/run/..., a home under /var/home) kept its dead mount.
     # realpath does not fail on the dead mount: it takes the path as it is.
     real = os.path.realpath(mountpoint)
     if _is_sealfs_mount(real) and not _answers(real):
+        if not clear_dead_mount:
+            return
         _clear_dead_mount(real)
+    _check_mountpoint(mountpoint)
+    if os.geteuid() != 0:
+        _check_user_may_mount(mountpoint, allow_other=allow_other)
+
+
+def _check_mountpoint(mountpoint: str) -> None:
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
         if not _answers(mountpoint):

@@ -177,6 +177,13 @@ def xdg_base_dir(variable: str, *default: str) -> Path:
             f"cannot tell the home directory of uid {os.getuid()} (HOME is unset and the"
             f" user database has no entry for it): set HOME or {variable}"
         )
+    if not os.path.isdir(home):
+        # Made by mkdir -p, root's mount gave /nonexistent (a service user's home, which
+        # must never exist) a .local/state for its log and records, and a .cache.
+        raise ConfigError(
+            f"the home directory {home} does not exist, and sealfs does not make it:"
+            f" set {variable} to a directory for sealfs's files (or HOME to an existing one)"
+        )
     return Path(home, *default)
 
 

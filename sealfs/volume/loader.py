@@ -96,20 +96,11 @@ class Loaded:
         return self.store.free_bytes()
 
 
-def create_volume(
-    store: ObjectStore,
-    passphrase: bytes | None,
-    kdf: Argon2Params | None,
-    recovery_key: bytes,
-    *,
-    extra_slots: Sequence[SlotMaker] = (),
-) -> VolumeHeader:
-    """Write a new, empty volume into an empty store. Raises VolumeExistsError.
+def check_store_is_empty(store: ObjectStore) -> None:
+    """Refuse a store that holds a volume or any other object. Raises VolumeExistsError.
 
-    Keyslots: passphrase (unless None), recovery, then extra_slots (KMS,
-    PKCS#11); a slot that cannot be made fails before anything is written.
-    The root directory's segment goes first and the header last, so a crash
-    half-way leaves no header, and the store is not mistaken for a volume.
+    init checks this before it asks for a passphrase, so that a store already in use is
+    named at once, not after the passphrase was typed twice and Argon2 ran.
     """
     if _exists(store, HEADER_NAME):
         raise VolumeExistsError(
@@ -128,6 +119,24 @@ def create_volume(
             f"{store.describe()} is not empty ({some} {held[0]}) and holds no sealfs volume:"
             " give an empty directory or an unused S3 prefix"
         )
+
+
+def create_volume(
+    store: ObjectStore,
+    passphrase: bytes | None,
+    kdf: Argon2Params | None,
+    recovery_key: bytes,
+    *,
+    extra_slots: Sequence[SlotMaker] = (),
+) -> VolumeHeader:
+    """Write a new, empty volume into an empty store. Raises VolumeExistsError.
+
+    Keyslots: passphrase (unless None), recovery, then extra_slots (KMS,
+    PKCS#11); a slot that cannot be made fails before anything is written.
+    The root directory's segment goes first and the header last, so a crash
+    half-way leaves no header, and the store is not mistaken for a volume.
+    """
+    check_store_is_empty(store)  # again: another init may have filled it since
     master_key, volume_id = new_master_key(), new_volume_id()
     header_bytes = create_header(master_key, volume_id, passphrase, kdf, recovery_key, extra_slots)
     subkeys = derive_subkeys(master_key, volume_id)

@@ -214,6 +214,27 @@ def test_init_on_an_existing_volume_is_refused(vol: VolumeEnv) -> None:
     assert "sealfs mount" in err and "empty directory" in err, err
 
 
+def test_init_names_a_store_or_key_file_in_use_before_asking_for_a_passphrase(
+    vol: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: init asked for the new passphrase twice (and ran Argon2) before it
+    said that the store already held a volume, or that the recovery key file existed;
+    key add recovery unlocked first too. Without a passphrase source, they named the
+    missing passphrase instead."""
+    err = one_line(sealfs("init", str(vol.store), *CHEAP_KDF, env=clean_env()), USAGE)
+    assert "already holds a sealfs volume" in err, err
+    fresh, old_key = tmp_path / "fresh", tmp_path / "rk.txt"
+    old_key.write_text("an older recovery key")
+    result = sealfs("init", str(fresh), "--recovery-key-file", str(old_key), *CHEAP_KDF,
+                    env=clean_env())  # fmt: skip
+    assert f"{old_key} already exists" in one_line(result, USAGE)
+    assert not fresh.exists()
+    result = sealfs("key", "add", str(vol.store), "recovery", "--new-recovery-key-file",
+                    str(old_key), env=clean_env())  # fmt: skip
+    assert f"{old_key} already exists" in one_line(result, USAGE)
+    assert old_key.read_text() == "an older recovery key"
+
+
 def test_init_that_fails_on_a_full_disk_leaves_no_directory_it_made(
     vol: VolumeEnv, tmp_path: Path
 ) -> None:
@@ -435,6 +456,23 @@ def test_mountpoint_that_is_not_empty(vol: VolumeEnv, tmp_path: Path) -> None:
     assert not os.path.ismount(target)
 
 
+@pytest.mark.parametrize("problem", ["does not exist", "is not a directory", "is not empty"])
+def test_a_mountpoint_that_cannot_serve_is_named_before_asking_for_a_passphrase(
+    vol: VolumeEnv, tmp_path: Path, problem: str
+) -> None:
+    """Regression: mount asked for the passphrase (and ran Argon2, some 0.5 s) before it
+    looked at the mountpoint; without a passphrase source it said "no passphrase"."""
+    target = tmp_path / "mnt"
+    if problem == "is not a directory":
+        target.write_text("")
+    elif problem == "is not empty":
+        target.mkdir()
+        (target / "f").write_text("hidden by a mount")
+    result = sealfs("mount", str(vol.store), str(target), "--log-file", str(vol.log),
+                    env=clean_env())  # fmt: skip
+    assert f"mountpoint {target} {problem}" in one_line(result, USAGE)
+
+
 @pytest.mark.parametrize("where", ["missing-dir", "inside-mountpoint"])
 def test_log_file_that_cannot_serve_is_refused_before_mounting(
     vol: VolumeEnv, tmp_path: Path, where: str
@@ -489,6 +527,16 @@ def test_cache_dir_inside_the_mountpoint_is_refused_before_creating_it(vol: Volu
         if os.path.ismount(vol.mnt):
             sealfs("umount", str(vol.mnt))
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_a_cache_size_without_a_cache_for_a_local_store_is_refused(vol: VolumeEnv) -> None:
+    """Regression: `mount STORE MNT --cache-size 512M` on a local store mounted without a
+    cache, and without a word: the README says the cache is off there by default, and
+    a user took the size for what turns it on."""
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--cache-size", "512M")
+    err = one_line(result, USAGE)
+    assert "--cache-size" in err and "add --cache-dir DIR" in err, err
+    assert not os.path.ismount(vol.mnt)
 
 
 def test_mountpoint_inside_the_cache_dir_is_refused(vol: VolumeEnv, tmp_path: Path) -> None:

@@ -181,6 +181,23 @@ def test_mount_replaces_a_sealfs_mount_whose_daemon_died(mounted_env: VolumeEnv)
     env.umount()
 
 
+def test_a_mount_that_fails_to_unlock_leaves_a_dead_mount_in_place(
+    mounted_env: VolumeEnv,
+) -> None:
+    """The dead mount goes only once the volume is unlocked: removed before, a restart
+    that cannot unlock (a wrong passphrase, KMS unreachable) left the plain directory
+    for agents to write their checkpoints into, in plaintext."""
+    env = mounted_env
+    kill_daemons(env)
+    wrong = write_secret(env.root / "wrong", "not the passphrase")
+    failed = sealfs("mount", str(env.store), str(env.mnt), "--passphrase-file", str(wrong),
+                    "--log-file", str(env.log))  # fmt: skip
+    assert "wrong passphrase" in one_line(failed, 3)
+    assert env.is_mounted() and not env.daemon_pids()  # still dead: writes there fail
+    assert "removed the dead sealfs mount" in one_line(env.mount(), 0)
+    env.umount()
+
+
 def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -> None:
     """Regression: the dead mount was looked up under the mountpoint as given, and the
     mount table holds the real path: named through a symlink (a unit's /var/run/...),
@@ -243,6 +260,23 @@ def test_a_default_log_directory_that_cannot_be_made_is_one_line(volume_env: Vol
     assert f"cannot create the log directory {state / 'sealfs'}" in err, err
     assert "--log-file" in err, err
     assert not env.is_mounted()
+
+
+def test_a_home_that_does_not_exist_is_not_made(volume_env: VolumeEnv) -> None:
+    """Regression: run by root with HOME=/nonexistent (the home of a service user, which
+    must never exist), mount made /nonexistent/.local/state/sealfs for its log, and
+    status made it for its record of the volume: root may make any directory."""
+    env = volume_env
+    home = env.root / "nonexistent"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    environ["HOME"] = str(home)
+    err = one_line(sealfs(*env.mount_args(log=False), env=environ), USAGE)
+    assert f"the home directory {home} does not exist" in err, err
+    assert "XDG_STATE_HOME" in err and "--log-file" in err, err
+    status = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile), env=environ)
+    assert status.returncode == 0, status.stderr
+    assert "a rollback of the store will not be detected" in status.stderr
+    assert not home.exists()
 
 
 DEAD_FUSE = """

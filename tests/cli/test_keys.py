@@ -218,8 +218,9 @@ def test_last_slot_removal_refused_volume_unchanged(env: VolumeEnv) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
-        (("rotate", "0"), USAGE, "rotate re-wraps aws-kms and pkcs11 slots"),
-        (("passwd", "1"), USAGE, "passwd changes passphrase slots"),
+        # Regression: "keyslot 1 is a aws-kms slot": the kind stands apart from the prose.
+        (("rotate", "0"), USAGE, "keyslot 0 (passphrase) is not an aws-kms or pkcs11 slot"),
+        (("passwd", "1"), USAGE, "keyslot 1 (recovery) is not a passphrase slot"),
         (("remove", "7"), USAGE, "no keyslot 7"),
         (("add", "aws-kms"), USAGE, "needs --kms-key-id"),
         (("add", "pkcs11"), USAGE, "needs --pkcs11-module"),

@@ -79,6 +79,8 @@ def test_python_dash_m_sealfs_is_the_sealfs_command() -> None:
         (["mount", "s"], "mount", "required: mountpoint"),
         (["key", "remove", "s", "x"], "key remove", "invalid int value: 'x'"),
         (["key", "list", "s", "--bogus"], "key list", "unrecognized arguments: --bogus"),
+        # Regression: the line did not say where the option goes (README: sealfs -v COMMAND).
+        (["mount", "s", "m", "-v"], "mount", "-v; --verbose (-v) goes before the command"),
         (["key"], "key", "required: ACTION"),
         ([], "", "required: COMMAND"),
     ],
@@ -94,6 +96,34 @@ def test_usage_error_is_one_line_naming_the_command(
     prog = f"sealfs {command}".strip()
     assert err.startswith(f"{prog}: ") and err.endswith(f"(see '{prog} --help')"), err
     assert words in err, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "store", "--passphrase", "hunter2 horse"],
+        ["mount", "store", "mnt", "--passphrase=hunter2 horse"],
+        ["init", "store", "--pass", "hunter2 horse"],
+        ["key", "add", "store", "pkcs11", "--pin", "hunter2 horse"],
+    ],
+)
+def test_a_secret_on_the_command_line_is_refused_and_never_echoed(args: list[str]) -> None:
+    """Regression: argparse took --passphrase (or --pass) for --passphrase-file, its
+    abbreviation, and the error quoted the passphrase on stderr, a log or a terminal's
+    scrollback: "cannot read passphrase file hunter2 horse"."""
+    result = sealfs(*args)
+    assert result.returncode == USAGE, result
+    err = result.stderr.strip()
+    assert "\n" not in err and "hunter2" not in err, err
+    assert "never taken from the command line" in err and "--passphrase-file FILE" in err, err
+
+
+def test_an_abbreviated_option_is_not_taken_for_another() -> None:
+    """An option is its whole name: argparse took --read for --read-only, and any prefix
+    of an option for it, so a typo or a guessed name could land on a real option."""
+    result = sealfs("mount", "store", "mnt", "--read")
+    assert result.returncode == USAGE, result
+    assert "unrecognized arguments: --read " in result.stderr, result.stderr
 
 
 def _raise(exc: BaseException) -> Callable[..., None]:
@@ -272,6 +302,26 @@ def test_every_passphrase_file_option_names_the_other_sources() -> None:
     assert "sealfs init" in helps and "sealfs mount" in helps
     for prog, text in helps.items():
         assert "SEALFS_PASSPHRASE_FILE" in text, (prog, text)
+        # Regression: only init's named the credential, which a unit's mount reads.
+        assert "sealfs-passphrase systemd credential" in text, (prog, text)
+
+
+def test_every_option_value_is_named_by_what_it_is() -> None:
+    """Regression: --help showed argparse's names, "--passphrase-file PASSPHRASE_FILE",
+    "--log-file LOG_FILE", "umount --timeout TIMEOUT", beside "--pkcs11-pin-file FILE",
+    "--store-timeout SECONDS", and did not say in what unit a cache size is given."""
+    for prog, parser in _all_parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.nargs != 0:
+                assert action.metavar is not None, (prog, action.option_strings)
+
+
+def test_the_default_paths_in_mount_help_are_those_the_readme_gives() -> None:
+    """The log under $XDG_STATE_HOME if set; the cache named by URL and endpoint."""
+    (mount,) = (parser for prog, parser in _all_parsers(build_parser()) if prog == "sealfs mount")
+    assert "$XDG_STATE_HOME/sealfs/sealfs.log" in (_option_help(mount, "--log-file") or "")
+    cache_help = _option_help(mount, "--cache-dir") or ""
+    assert "$XDG_CACHE_HOME" in cache_help and "endpoint" in cache_help, cache_help
 
 
 def test_store_timeout_help_speaks_of_the_command_it_is_on() -> None:

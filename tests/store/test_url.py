@@ -111,9 +111,25 @@ def test_an_empty_or_relative_xdg_cache_home_is_ignored(
     """Regression: a relative XDG_CACHE_HOME put the default cache under the working
     directory of each mount; the XDG spec says to ignore it, as an empty one."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", value)
     monkeypatch.chdir(tmp_path)
     assert default_cache_dir("s3://b/p").parent == tmp_path / "home" / ".cache" / "sealfs"
+
+
+def test_a_home_that_does_not_exist_holds_no_default_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: with HOME=/nonexistent, root's mount of an S3 store made
+    /nonexistent/.cache for its cache, giving a home to an account meant to have none."""
+    monkeypatch.setenv("HOME", str(tmp_path / "nonexistent"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    with pytest.raises(ConfigError) as info:
+        default_cache_dir("s3://b/p")
+    assert f"the home directory {tmp_path / 'nonexistent'} does not exist" in str(info.value)
+    assert "XDG_CACHE_HOME" in str(info.value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir("s3://b/p").parent == tmp_path / "xdg" / "sealfs"
 
 
 def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:
