@@ -169,8 +169,8 @@ def get_pin(args: argparse.Namespace, token: str | None = None) -> Pin:
         return Pin(read_secret_file(source, "PKCS#11 PIN", secret_origin(explicit, PIN_ENV)))
     if not sys.stdin.isatty():
         raise ConfigError(
-            f"no PKCS#11 PIN: give --pkcs11-pin-file FILE, set {PIN_ENV}=FILE,"
-            " or run on a terminal to be asked"
+            f"no PKCS#11 PIN: give --pkcs11-pin-file FILE, set {PIN_ENV}=FILE, pass the"
+            f" {PIN_CREDENTIAL} systemd credential, or run on a terminal to be asked"
         )
     label = f" for token {token!r}" if token else ""
     pin = prompt_secret(f"PKCS#11 PIN{label}: ", "PKCS#11 PIN")

@@ -448,6 +448,8 @@ def live_status(mnt: str, command: str) -> dict[str, object] | None:
             raise ConfigError(
                 f"{mnt} is inside the sealfs mount {above}: run 'sealfs {command} {above}'"
             )
+        if not os.path.lexists(mnt):  # a typo: "is not mounted" sent users to mount it
+            raise ConfigError(f"{mnt} does not exist: give the mountpoint of a sealfs mount")
         raise ConfigError(f"{mnt} is not mounted")
     return mounted_status(mnt)
 

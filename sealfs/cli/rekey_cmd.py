@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
 from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.stdio import error_line
+from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.crypto.subkeys import derive_subkeys
 from sealfs.errors import ConfigError, SealfsError, WriterConflictError
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         progress = trio.run(_rekey_here, loaded)
     print(
         f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
-        f" ({progress.resealed_bytes / 1e6:.1f} MB) re-encrypted in {progress.seconds():.1f} s."
+        f" ({format_size(progress.resealed_bytes)}) re-encrypted in {progress.seconds():.1f} s."
     )
     return 0
 

@@ -683,6 +683,13 @@ def test_sync_and_umount_inside_a_mount_name_its_mountpoint(volume_env: VolumeEn
         env.umount()
 
 
+def test_sync_and_umount_of_a_path_that_does_not_exist_say_so(tmp_path: Path) -> None:
+    """It said "is not mounted", which sent users to mount a mistyped path."""
+    for command in ("sync", "umount", "status"):
+        err = one_line(sealfs(command, str(tmp_path / "mnnt")), USAGE)
+        assert f"{tmp_path}/mnnt does not exist" in err, err
+
+
 @pytest.mark.fuse
 def test_too_few_file_descriptors_names_the_limit_to_raise(volume_env: VolumeEnv) -> None:
     """Regression: it said only "daemon failed: [Errno 24] Too many open files"."""

@@ -155,6 +155,17 @@ def test_a_file_a_variable_names_expands_a_leading_tilde(
     assert module_override(args) == str(tmp_path / "lib" / "libtoken.so")
 
 
+def test_no_pin_names_every_place_a_pin_is_read_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The systemd credential was left out of the list (the README gives it)."""
+    monkeypatch.delenv(PIN_ENV, raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
+    with pytest.raises(ConfigError) as raised:
+        get_pin(argparse.Namespace(pkcs11_pin_file=None))
+    for source in ("--pkcs11-pin-file FILE", f"{PIN_ENV}=FILE", "sealfs-pkcs11-pin", "terminal"):
+        assert source in str(raised.value), str(raised.value)
+
+
 def _unknown() -> bool:
     raise TransientStoreError("the store does not answer")
 
