@@ -191,7 +191,9 @@ def _translate(exc: Exception, what: str, key: str, region: str | None) -> Excep
         )
     if isinstance(exc, bce.ConnectionError | bce.HTTPClientError):
         return KeyUnavailableError(
-            f"{what}: cannot reach AWS KMS{where}: {without_userinfo(str(exc))}"
+            f"{what}: cannot reach AWS KMS{where}: {without_userinfo(str(exc))}: check the"
+            " network and the endpoint (--kms-endpoint, AWS_ENDPOINT_URL_KMS), or unlock with"
+            " another secret"
         )
     if isinstance(exc, bce.BotoCoreError | ValueError):
         return KeyUnavailableError(f"{what}: AWS KMS client error: {without_userinfo(str(exc))}")

@@ -212,6 +212,8 @@ def test_unreachable_kms(kms_env: str) -> None:
     with dead, pytest.raises(KeyUnavailableError, match="cannot reach AWS KMS") as info:
         kms_volume(dead, "alias/whatever")
     assert "hunter2" not in str(info.value) and "127.0.0.1" in str(info.value)
+    fix = "check the network and the endpoint (--kms-endpoint, AWS_ENDPOINT_URL_KMS)"
+    assert str(info.value).endswith(f"{fix}, or unlock with another secret")
 
 
 def test_volume_without_kms_slot(clients: KmsClients) -> None:
