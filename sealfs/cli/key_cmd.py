@@ -26,6 +26,7 @@ from sealfs.cli.keysource import (
 from sealfs.cli.paths import check_key_file_outside_store, user_path
 from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown
+from sealfs.cli.units import counted
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -160,7 +161,8 @@ def describe_slot(slot: Keyslot) -> str:
     p = slot.params
     try:
         if slot.kind == KIND_PASSPHRASE:
-            return f"argon2id, {p['m'] // 1024} MiB, {p['t']} passes, {p['p']} lanes"
+            passes, lanes = counted(p["t"], "pass"), counted(p["p"], "lane")
+            return f"argon2id, {p['m'] // 1024} MiB, {passes}, {lanes}"
         if slot.kind == KIND_RECOVERY:
             return "recovery key"
         if slot.kind == KIND_AWS_KMS:

@@ -13,7 +13,7 @@ from rich.table import Table
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
 from sealfs.cli.paths import user_path
-from sealfs.cli.units import format_size, format_time
+from sealfs.cli.units import counted, format_size, format_time
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
@@ -209,7 +209,7 @@ def _store_chunks(s: dict[str, Any]) -> str:
     data stay in the store, which "stored" (today's files only) leaves out."""
     unreferenced = s["store_chunk_bytes"] - s["stored_bytes"]
     return (
-        f"{format_size(s['store_chunk_bytes'])} in {s['store_chunks']} chunks"
+        f"{format_size(s['store_chunk_bytes'])} in {counted(s['store_chunks'], 'chunk')}"
         f" ({format_size(unreferenced)} no longer referenced)"
     )
 

@@ -30,6 +30,13 @@ def format_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def counted(n: int, word: str) -> str:
+    """n and word, with an s unless n is 1: "1 chunks" and "1 passes" read as slips."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+
+
 def seconds(value: float, option: str, *, zero: bool = False) -> float:
     """value, if it is a finite number of seconds: NaN passed a `<= 0` check and
     wedged the mount (a timer of NaN seconds fails inside the commit loop)."""

@@ -119,7 +119,7 @@ def test_list_shows_public_params_only(env: VolumeEnv) -> None:
     lines = out.splitlines()
     assert lines[1] == "key epoch 0"
     assert lines[2].split() == ["SLOT", "KIND", "DETAILS"]
-    assert "0  passphrase  argon2id, 64 MiB, 1 passes" in out
+    assert "0  passphrase  argon2id, 64 MiB, 1 pass, 4 lanes" in out
     assert "(unlocked with this slot)" in lines[3]
     assert "1  recovery    recovery key" in out
     header = decode_header((env.store / HEADER_NAME).read_bytes())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sealfs.cli.units import format_size, parse_size
+from sealfs.cli.units import counted, format_size, parse_size
 from sealfs.errors import ConfigError
 
 
@@ -35,3 +35,16 @@ def test_sizes_are_read_in_binary_units(text: str, n: int) -> None:
 def test_a_size_that_is_not_one_names_the_units() -> None:
     with pytest.raises(ConfigError, match="use a number with an optional K, M, G or T"):
         parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    ("n", "word", "text"),
+    [
+        (1, "chunk", "1 chunk"),
+        (0, "chunk", "0 chunks"),
+        (2, "pass", "2 passes"),
+        (1, "pass", "1 pass"),
+    ],
+)
+def test_a_count_of_one_is_singular(n: int, word: str, text: str) -> None:
+    assert counted(n, word) == text
