@@ -119,15 +119,34 @@ def _qualified(kind: type[BaseException]) -> str:
     )
 
 
-def setup_logging(*, verbose: bool) -> None:
+# A log's line: when, how grave, which part of sealfs, which process.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
+
+
+class TerminalFormatter(OneLineFormatter):
+    """A command's warnings on a terminal read as its errors do ("sealfs: ..."): a
+    timestamp, a logger's name and a pid in front of "passphrase file pass can be read
+    by every user" are a log's, which someone at a prompt does not keep."""
+
+    def __init__(self) -> None:
+        super().__init__("%(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        grave = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"sealfs: {grave}{super().formatMessage(record)}"
+
+
+def setup_logging(*, verbose: bool, terminal: bool = False) -> None:
     """Log to stderr (the daemon's stderr is its log file), and route what Python itself
     would print there (a thread's uncaught exception, one ignored in a finalizer)
     through the same formatter: Python's own hooks print the message and the
-    object's repr, either of which may quote a name."""
+    object's repr, either of which may quote a name.
+
+    terminal: a command run on a terminal (stderr one), as opposed to a log: lines as
+    its errors are, without the log's fields.
+    """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        OneLineFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    )
+    handler.setFormatter(TerminalFormatter() if terminal else OneLineFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -162,6 +162,7 @@ def run_mount(args: argparse.Namespace) -> int:
         # it from now on, and the daemon forked next does not copy its pages to do so.
         gc.freeze()
     if args.foreground:
+        setup_logging(verbose=args.verbose)  # a log from now on, on a terminal too: timed
         try:
             return _serve(loaded, volume, seen, mountpoint, _report_to_systemd, _log_on_stderr)
         except Exception as exc:

@@ -29,6 +29,7 @@ from sealfs.keys.hsm import Pin
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from tests.conftest import RECOVERY_KEY
+from tests.mounts import CHEAP_KDF
 from tests.prereq import require
 from tests.store.conftest import mounted_tmpfs
 
@@ -327,3 +328,22 @@ def test_an_interrupt_as_echo_goes_off_still_restores_the_terminal() -> None:
     was left with echo off."""
     out = _on_a_terminal([sys.executable, "-c", SIGNAL_AS_ECHO_GOES_OFF], dict(os.environ))
     assert b"RESTORED" in out, out
+
+
+def test_a_command_s_warning_on_a_terminal_reads_as_its_errors_do(tmp_path: Path) -> None:
+    """On a terminal the warning came as a log line: a timestamp, WARNING, the logger's
+    name and a pid before the words a user at a prompt needed."""
+    passfile = tmp_path / "pass"
+    passfile.write_text("correct horse battery staple\n")
+    passfile.chmod(0o644)  # every user can read it: the command warns
+    env = {k: v for k, v in os.environ.items() if k != PASSPHRASE_ENV}
+    argv = [sys.executable, "-m", "sealfs.cli.main", "init", str(tmp_path / "store"),
+            "--passphrase-file", str(passfile), "--recovery-key-file", str(tmp_path / "rk"),
+            *CHEAP_KDF]  # fmt: skip
+    out = _on_a_terminal(argv, env).decode(errors="replace")
+    lines = out.replace("\r\n", "\n").strip().splitlines()
+    assert lines[0] == (
+        f"sealfs: warning: passphrase file {passfile} can be read by every user of this"
+        f" machine: chmod o-r {passfile}"
+    ), out
+    assert lines[1].startswith("Created sealfs volume"), out
