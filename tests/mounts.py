@@ -92,6 +92,17 @@ def python_for_others(*paths: str | Path) -> contextlib.AbstractContextManager[N
     return modes_added(reachable, 0o001)
 
 
+def python_as_nobody(script: str, reach: Path) -> subprocess.CompletedProcess[str]:
+    """Run a Python script as the user nobody, who may reach the paths under reach."""
+    with python_for_others(reach):
+        return subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-c", script],
+            capture_output=True, text=True, timeout=30, check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, cwd="/",
+        )  # fmt: skip
+
+
 def sealfs(
     *args: str, timeout: float = 60, check: bool = False, **kw: Any
 ) -> subprocess.CompletedProcess[str]:

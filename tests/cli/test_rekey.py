@@ -25,7 +25,7 @@ from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from sealfs.store.s3 import S3Store
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, python_for_others, sealfs
+from tests.mounts import VolumeEnv, python_as_nobody, sealfs
 
 CONFIG_ERROR, BUSY = 2, 5
 
@@ -305,13 +305,7 @@ def test_only_the_owner_may_hand_the_daemon_a_key(volume_env: VolumeEnv) -> None
     try:
         env.mnt.chmod(0o777)
         script = f"import os; os.setxattr({str(env.mnt)!r}, 'user.sealfs.rekey', bytes(32))"
-        with python_for_others(env.mnt.parent):
-            result = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 sys.executable, "-c", script],
-                capture_output=True, text=True, timeout=30, check=False,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, cwd="/",
-            )  # fmt: skip
+        result = python_as_nobody(script, env.mnt.parent)
         assert result.returncode != 0
         assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr, result.stderr
         assert env.status()["key_epoch"] == 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -19,7 +17,7 @@ from tests.mounts import (
     VolumeEnv,
     force_unmount,
     mounted_sealfs,
-    python_for_others,
+    python_as_nobody,
     sealfs,
 )
 
@@ -242,13 +240,7 @@ def test_only_the_owner_may_have_a_read_only_mount_unlock_a_new_key(
     env = mounted_env
     with read_only_mount(env, 3600, "--allow-other") as ro:
         script = f"import os; os.getxattr({str(ro)!r}, 'user.sealfs.take-new-key')"
-        with python_for_others(ro.parent):
-            result = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 sys.executable, "-c", script],
-                capture_output=True, text=True, timeout=30, check=False,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, cwd="/",
-            )  # fmt: skip
+        result = python_as_nobody(script, ro.parent)
         assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr, result.stderr
         assert json.loads(os.getxattr(ro, "user.sealfs.take-new-key"))["key_epoch"] == 0  # root
     env.umount()
