@@ -26,7 +26,7 @@ import trio
 import trio.lowlevel
 
 from sealfs.errors import IntegrityError, SealfsError, StoreError, VolumeChangedError
-from sealfs.keys.header import decode_header
+from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import Unlocked
 from sealfs.meta.codec import LoggedSegment
@@ -70,6 +70,8 @@ class Follower:
     async def catch_up(self) -> None:
         """Adopt every segment the store holds past this mount's generation now (a batch
         at a time, until a look finds none, or the one after the last good fails)."""
+        if self._loaded.keys.retired_epoch is not None:
+            await self._drop_retired_once_unused()
         while self.stopped is None:
             try:
                 # Abandoned on unmount: a look at a store that stopped answering waits up to
@@ -158,6 +160,30 @@ class Follower:
             self._loaded.header = header
             log.info("key epoch %d: this read-only mount reads under it", header.data_epoch)
             return True
+
+    async def _drop_retired_once_unused(self) -> None:
+        """Forget the retired epoch's keys once the header, as this epoch's key MACed it,
+        no longer names it: the writer has re-sealed every object under the new key.
+
+        The writer commits nothing when it ends a rekey, so only the header tells (one
+        GET per look while a rekey is unfinished). Kept, the old key opened, for good,
+        whatever the holder of the key the rekey revoked put in the store.
+        """
+        async with self._taking_key:
+            ring = self._loaded.keys
+            try:
+                data = await trio.to_thread.run_sync(
+                    read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
+                )
+                verify_header_mac(data, ring.current.header_mac_key)
+                header = decode_header(data)
+            except SealfsError:  # unreadable, or another epoch's: a newer rekey is met apart
+                return
+            retired = ring.retired_epoch
+            if header.data_epoch == ring.epoch and header.retired is None:
+                ring.drop_retired()
+                self._loaded.header = header
+                log.info("key epoch %s is no longer read: the rekey is finished", retired)
 
     def _stop(self, why: str) -> None:
         generation = self._loaded.live.generation

@@ -12,6 +12,7 @@ import trio
 import trio.lowlevel
 
 from sealfs.cli.status_cmd import _rows
+from sealfs.crypto.envelope import ObjectKind, chunk_binding, seal_object
 from sealfs.errors import IntegrityError
 from sealfs.keys.slots import Passphrase, Unlocked, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
@@ -19,6 +20,7 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectInfo, ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
+from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.status import volume_status
 from tests.conftest import PASSPHRASE, WrappedStore, mounted
@@ -434,3 +436,45 @@ async def _stays_at(
     assert dict(_rows(status))["not following"] == f"{stopped}; remount to see later changes"
     await reader.follower.catch_up()  # stopped: it looks no more
     assert reader.meta.generation == generation
+
+
+async def test_a_reader_drops_the_retired_key_once_the_writer_has_re_sealed_everything(
+    volume_store: ObjectStore,
+) -> None:
+    """A reader that took the key while the writer re-sealed (as `sealfs rekey` has it do
+    at once) held the old one for good: whoever had the key the rekey was to revoke
+    could then put chunks sealed under it in the store, and the reader served their
+    bytes, where the writer refuses them. Its status said the rekey was unfinished."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        await mkfile(writer, ROOT_INO, b"f", b"the writer's bytes")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        (cid,) = reader.meta.chunks
+        old_keys = reader.loaded.keys.current
+        master = start_rekey(volume_store)
+        start = writer._start_rekey
+        writer._start_rekey = lambda: None  # type: ignore[method-assign]  # not yet
+        await writer.adopt_rekey(master)
+        await reader.take_new_key()
+        assert reader.loaded.keys.retired_epoch == 0
+        start()
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.rekey.progress.finished, writer.rekey.progress.error
+        await reader.follower.catch_up()  # type: ignore[union-attr]  # an idle writer's look
+
+        assert reader.loaded.keys.retired_epoch is None
+        assert "rekey" not in dict(_rows(volume_status(reader) | {"log_file": None}))
+        forged = seal_object(
+            old_keys.chunk_key, ObjectKind.CHUNK, chunk_binding(reader.loaded.volume_id, cid),
+            b"forged with the old key", epoch=0,
+        )  # fmt: skip
+        volume_store.put(chunk_name(cid), forged)
+        with pytest.raises(IntegrityError):
+            await read_all(reader, f)
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
