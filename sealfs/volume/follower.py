@@ -73,6 +73,7 @@ class Follower:
         if self._loaded.keys.retired_epoch is not None:
             await self._drop_retired_once_unused()
         while self.stopped is None:
+            tried_under = self._loaded.keys.epoch
             try:
                 # Abandoned on unmount: a look at a store that stopped answering waits up to
                 # --store-timeout, and a read-only mount has nothing to finish before it ends.
@@ -87,7 +88,7 @@ class Follower:
                 self._retry_log.failed(exc)
                 return
             except VolumeChangedError:  # a segment sealed under a newer key epoch
-                if await self.notice_rekey():
+                if await self.notice_rekey(tried_under):
                     continue
                 return
             except SealfsError as exc:
@@ -108,17 +109,19 @@ class Follower:
                 # and a batch of big commits (0.9 s for 120,000 records) held them all.
                 await trio.lowlevel.checkpoint()
 
-    async def notice_rekey(self) -> bool:
-        """After a read here failed authentication: take the new key if the volume's header
-        names a key epoch newer than this mount's. Returns whether it did (the read may
-        be tried again).
+    async def notice_rekey(self, tried_under: int) -> bool:
+        """After a read here failed authentication under key epoch tried_under: take the
+        new key if the volume's header names a key epoch newer than this mount's. Returns
+        whether the mount now holds a newer epoch than tried_under (the read may be tried
+        again), taken here or by another request meanwhile.
 
         A rekey re-seals every chunk in place, and a look meets it only in the writer's
         next commit: after an idle writer's rekey the reads failed, and the mount went
-        on following with nothing said in its status.
+        on following with nothing said in its status. The epoch is the caller's, taken
+        before its read: one that failed under the old key while another request took
+        the new one found it held already here, and failed with EIO.
         """
-        epoch = self._loaded.keys.epoch
-        return await self._take_new_key() and self._loaded.keys.epoch > epoch
+        return await self._take_new_key() and self._loaded.keys.epoch > tried_under
 
     async def _take_new_key(self) -> bool:
         """Hold the keys of the header's epochs if it names a newer one than this mount's,

@@ -478,3 +478,29 @@ async def test_a_reader_drops_the_retired_key_once_the_writer_has_re_sealed_ever
         with pytest.raises(IntegrityError):
             await read_all(reader, f)
         assert reader.follower.stopped is None  # type: ignore[union-attr]
+
+
+async def test_a_read_that_failed_under_the_old_key_is_retried_when_another_took_the_new(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads fail together at a rekey. One whose chunk failed under the old key while
+    another request was taking the new key (its unlock in a worker thread, then the
+    switch on the loop) found the new key already held, and failed with EIO."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        _, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        failed_under_old_key = reader.files.read
+
+        async def meanwhile_another_takes_the_key(inode: int, offset: int, size: int) -> bytes:
+            try:
+                return await failed_under_old_key(inode, offset, size)
+            except IntegrityError:
+                monkeypatch.undo()
+                await reader.take_new_key()  # another request, before this one resumes
+                raise
+
+        monkeypatch.setattr(reader.files, "read", meanwhile_another_takes_the_key)
+        assert await read_all(reader, f) == b"sealed under the old key"
+        assert reader.loaded.keys.epoch == 1
