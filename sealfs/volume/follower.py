@@ -20,12 +20,20 @@ mount stops following, and says to remount.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 
 import trio
 import trio.lowlevel
 
-from sealfs.errors import IntegrityError, SealfsError, StoreError, VolumeChangedError
+from sealfs.errors import (
+    IntegrityError,
+    KeyUnavailableError,
+    SealfsError,
+    StoreError,
+    VolumeChangedError,
+)
 from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import Unlocked
@@ -39,6 +47,10 @@ FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long ou
 # Unlocks a header with the secret the mount was unlocked with, read again (blocking).
 UnlockAgain = Callable[[bytes], Unlocked]
 REKEYED = "the volume was rekeyed"
+# Between two tries of a key service or token that could not be used at a rekey: each
+# try may take a KMS client's timeouts and retries (20 s and more), or an Argon2id run
+# that did not fit, and reads failing meanwhile wait for it.
+KEY_RETRY_SECONDS = 30.0
 
 
 class Follower:
@@ -59,6 +71,8 @@ class Follower:
         self._retry_log = RetryLog("reading the writer's new commits", logging.WARNING)
         self._unlock_again = unlock_again  # None: the mount's secret cannot be read again
         self._taking_key = trio.Lock()  # reads failing together unlock the new header once
+        self._key_retry = RetryLog("unlocking the rekey's new header", logging.WARNING)
+        self._next_key_try = -math.inf  # time.monotonic() after which the unlock is tried
         self.stopped: str | None = None  # why this mount no longer follows, once it does not
 
     async def loop(self) -> None:
@@ -127,7 +141,10 @@ class Follower:
         """Hold the keys of the header's epochs if it names a newer one than this mount's,
         unlocking it again (see the module's docstring). Returns whether following goes
         on; stops, saying why, when the new key cannot be had. A header that cannot be
-        read says nothing either way: the next look or read asks again.
+        read says nothing either way: the next look or read asks again. Nor does a key
+        service or token out of reach (KeyUnavailableError: KMS unreachable, a token
+        unplugged), tried again KEY_RETRY_SECONDS later: it stopped the mount for good,
+        where an unreachable store only postpones the next look.
         """
         async with self._taking_key:
             if self.stopped is not None:
@@ -148,6 +165,8 @@ class Follower:
                     " terminal, which it cannot read again"
                 )
                 return False
+            if time.monotonic() < self._next_key_try:
+                return False
             try:
                 unlocked = await trio.to_thread.run_sync(
                     self._unlock_again, data, limiter=self._limiter, abandon_on_cancel=True
@@ -156,9 +175,14 @@ class Follower:
                 if header.volume_id != self._loaded.volume_id:
                     raise IntegrityError("the store's header now belongs to another volume")
                 retired = open_retired(header, unlocked.master_key)
+            except KeyUnavailableError as exc:
+                self._key_retry.failed(exc)
+                self._next_key_try = time.monotonic() + KEY_RETRY_SECONDS
+                return False
             except SealfsError as exc:
                 self._stop(f"{REKEYED}, and this mount could not unlock its new key: {exc}")
                 return False
+            self._key_retry.succeeded()
             ring.follow(header.data_epoch, unlocked.subkeys, retired)
             self._loaded.header = header
             log.info("key epoch %d: this read-only mount reads under it", header.data_epoch)

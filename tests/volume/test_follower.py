@@ -6,6 +6,7 @@ import errno
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -13,7 +14,7 @@ import trio.lowlevel
 
 from sealfs.cli.status_cmd import _rows
 from sealfs.crypto.envelope import ObjectKind, chunk_binding, seal_object
-from sealfs.errors import IntegrityError
+from sealfs.errors import IntegrityError, KeyUnavailableError
 from sealfs.keys.slots import Passphrase, Unlocked, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
@@ -504,3 +505,40 @@ async def test_a_read_that_failed_under_the_old_key_is_retried_when_another_took
         monkeypatch.setattr(reader.files, "read", meanwhile_another_takes_the_key)
         assert await read_all(reader, f) == b"sealed under the old key"
         assert reader.loaded.keys.epoch == 1
+
+
+async def test_a_key_service_out_of_reach_at_the_rekey_is_tried_again_later(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KMS unreachable for a moment (or a token unplugged) stopped the mount for good, to be
+    remounted, where an unreachable store only postpones the next look."""
+    tries: list[bool] = []
+    reachable = False
+    now = [1000.0]
+    monkeypatch.setattr(follower, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def via_kms(data: bytes) -> Unlocked:
+        tries.append(reachable)
+        if not reachable:
+            raise KeyUnavailableError("aws-kms keyslot 2: cannot reach AWS KMS")
+        return unlock_again(data)
+
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, via_kms, **IDLE) as reader,
+    ):
+        assert reader.follower is not None
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        for _ in range(2):  # the second soon after: KMS is not asked at every read
+            with pytest.raises(IntegrityError):
+                await read_all(reader, f)
+        assert tries == [False]
+        assert reader.follower.stopped is None
+        assert "cannot reach AWS KMS" in caplog.text
+        reachable = True
+        now[0] += follower.KEY_RETRY_SECONDS
+        await reader.take_new_key()  # what a read, a look or `sealfs rekey` asks, later
+        assert tries == [False, True]
+        assert reader.loaded.keys.epoch == 1
+        assert await read_all(reader, f) == b"sealed under the old key"
+        assert reader.meta.generation == before and reader.follower.stopped is None
