@@ -12,8 +12,8 @@ Volume._adopt_followed and docs/design.md).
 A rekey seals the writer's next commits, and re-seals every object, under a
 key this mount was not given. It unlocks the new header with the secret it was
 mounted with, read again from where the mount read it (a file, KMS, a token):
-the daemon keeps no secret in memory for it. A passphrase typed on a terminal
-cannot be read again, and a slot the rekey dropped no longer opens: such a
+the daemon keeps no secret in memory for it. A passphrase or PIN typed on a
+terminal cannot be read again, and a slot the rekey dropped no longer opens: such a
 mount stops following, and says to remount.
 """
 
@@ -161,8 +161,8 @@ class Follower:
                 return True  # taken meanwhile, or no rekey at all
             if self._unlock_again is None:
                 self._stop(
-                    f"{REKEYED}, and this mount was unlocked with a passphrase typed on a"
-                    " terminal, which it cannot read again"
+                    f"{REKEYED}, and this mount was unlocked with a passphrase or PKCS#11 PIN"
+                    " typed on a terminal, which it cannot read again"
                 )
                 return False
             if time.monotonic() < self._next_key_try:

@@ -381,7 +381,9 @@ async def test_a_rekey_stops_a_reader_unlocked_on_a_terminal_and_says_to_remount
         await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
-        await _stays_at(reader, before, "typed on a terminal", caplog)
+        # A token's PIN typed at the mount cannot be read again either: the status said
+        # "a passphrase" to whoever had typed no passphrase at all.
+        await _stays_at(reader, before, "a passphrase or PKCS#11 PIN typed on a terminal", caplog)
 
 
 async def test_after_a_rekey_data_a_reader_unlocked_on_a_terminal_had_not_read_fails(
