@@ -319,7 +319,10 @@ def unlocker_for_rekeys(
         pin_source = secret_source(getattr(args, "pkcs11_pin_file", None), PIN_ENV, PIN_CREDENTIAL)
         if pin_source is None:
             return None
-        pin_file, module = os.path.abspath(pin_source), secret.module
+        pin_file = os.path.abspath(pin_source)
+        # --pkcs11-module or SEALFS_PKCS11_MODULE may be relative too (None: the header's,
+        # which must be absolute).
+        module = os.path.abspath(secret.module) if secret.module else None
         return lambda data: unlock(
             data, Pkcs11Unlocker(Pin(read_secret_file(pin_file, "PKCS#11 PIN")), module)
         )

@@ -142,8 +142,14 @@ def _report_followers(loaded: Loaded, epoch: int) -> None:
             continue
         try:
             status = json.loads(os.getxattr(mountpoint, TAKE_KEY_XATTR.decode()))
-        except OSError as exc:  # a daemon older than this request: ENODATA
-            said = f"cannot be asked to take the new key ({exc.strerror}): remount it"
+        except OSError as exc:
+            if exc.errno == errno.EPERM:  # another user's mount (--allow-other let us see it)
+                said = (
+                    "belongs to another user, and only they or root may have it take the new"
+                    " key now: it takes it by itself when it meets the rekey, if it can"
+                )
+            else:  # a daemon older than this request (ENODATA), which stops at a rekey
+                said = f"cannot be asked to take the new key ({exc.strerror}): remount it"
         else:
             stopped, held = status.get("follow_stopped"), status.get("key_epoch")
             if stopped:

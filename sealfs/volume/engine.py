@@ -262,7 +262,7 @@ class Volume:
         """A read-only mount takes a rekey's new key now, not when its next look or a read
         meets the rekey: after an idle writer's rekey, that was at the first read."""
         if self.follower is not None:
-            await self.follower.notice_rekey()
+            await self.follower.notice_rekey(self.loaded.keys.epoch)
 
     def _spawn(self, fn: partial[object] | object) -> None:
         if self._nursery is not None:
@@ -647,11 +647,12 @@ class Volume:
         inode = self.inode(self._handle(fh).ino)
         if not inode.is_reg:
             raise FsError(errno.EINVAL)
+        tried_under = self.loaded.keys.epoch
         try:
             return await self.files.read(inode, offset, size)
         except IntegrityError:
             # A follower's look may not meet a rekey for a while: the read that fails does.
-            if self.follower is None or not await self.follower.notice_rekey():
+            if self.follower is None or not await self.follower.notice_rekey(tried_under):
                 raise
         return await self.files.read(inode, offset, size)  # under the key just taken
 

@@ -12,21 +12,29 @@ Volume._adopt_followed and docs/design.md).
 A rekey seals the writer's next commits, and re-seals every object, under a
 key this mount was not given. It unlocks the new header with the secret it was
 mounted with, read again from where the mount read it (a file, KMS, a token):
-the daemon keeps no secret in memory for it. A passphrase typed on a terminal
-cannot be read again, and a slot the rekey dropped no longer opens: such a
+the daemon keeps no secret in memory for it. A passphrase or PIN typed on a
+terminal cannot be read again, and a slot the rekey dropped no longer opens: such a
 mount stops following, and says to remount.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 
 import trio
 import trio.lowlevel
 
-from sealfs.errors import IntegrityError, SealfsError, StoreError, VolumeChangedError
-from sealfs.keys.header import decode_header
+from sealfs.errors import (
+    IntegrityError,
+    KeyUnavailableError,
+    SealfsError,
+    StoreError,
+    VolumeChangedError,
+)
+from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import Unlocked
 from sealfs.meta.codec import LoggedSegment
@@ -39,6 +47,10 @@ FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long ou
 # Unlocks a header with the secret the mount was unlocked with, read again (blocking).
 UnlockAgain = Callable[[bytes], Unlocked]
 REKEYED = "the volume was rekeyed"
+# Between two tries of a key service or token that could not be used at a rekey: each
+# try may take a KMS client's timeouts and retries (20 s and more), or an Argon2id run
+# that did not fit, and reads failing meanwhile wait for it.
+KEY_RETRY_SECONDS = 30.0
 
 
 class Follower:
@@ -59,6 +71,8 @@ class Follower:
         self._retry_log = RetryLog("reading the writer's new commits", logging.WARNING)
         self._unlock_again = unlock_again  # None: the mount's secret cannot be read again
         self._taking_key = trio.Lock()  # reads failing together unlock the new header once
+        self._key_retry = RetryLog("unlocking the rekey's new header", logging.WARNING)
+        self._next_key_try = -math.inf  # time.monotonic() after which the unlock is tried
         self.stopped: str | None = None  # why this mount no longer follows, once it does not
 
     async def loop(self) -> None:
@@ -70,7 +84,10 @@ class Follower:
     async def catch_up(self) -> None:
         """Adopt every segment the store holds past this mount's generation now (a batch
         at a time, until a look finds none, or the one after the last good fails)."""
+        if self._loaded.keys.retired_epoch is not None:
+            await self._drop_retired_once_unused()
         while self.stopped is None:
+            tried_under = self._loaded.keys.epoch
             try:
                 # Abandoned on unmount: a look at a store that stopped answering waits up to
                 # --store-timeout, and a read-only mount has nothing to finish before it ends.
@@ -85,7 +102,7 @@ class Follower:
                 self._retry_log.failed(exc)
                 return
             except VolumeChangedError:  # a segment sealed under a newer key epoch
-                if await self.notice_rekey():
+                if await self.notice_rekey(tried_under):
                     continue
                 return
             except SealfsError as exc:
@@ -106,23 +123,28 @@ class Follower:
                 # and a batch of big commits (0.9 s for 120,000 records) held them all.
                 await trio.lowlevel.checkpoint()
 
-    async def notice_rekey(self) -> bool:
-        """After a read here failed authentication: take the new key if the volume's header
-        names a key epoch newer than this mount's. Returns whether it did (the read may
-        be tried again).
+    async def notice_rekey(self, tried_under: int) -> bool:
+        """After a read here failed authentication under key epoch tried_under: take the
+        new key if the volume's header names a key epoch newer than this mount's. Returns
+        whether the mount now holds a newer epoch than tried_under (the read may be tried
+        again), taken here or by another request meanwhile.
 
         A rekey re-seals every chunk in place, and a look meets it only in the writer's
         next commit: after an idle writer's rekey the reads failed, and the mount went
-        on following with nothing said in its status.
+        on following with nothing said in its status. The epoch is the caller's, taken
+        before its read: one that failed under the old key while another request took
+        the new one found it held already here, and failed with EIO.
         """
-        epoch = self._loaded.keys.epoch
-        return await self._take_new_key() and self._loaded.keys.epoch > epoch
+        return await self._take_new_key() and self._loaded.keys.epoch > tried_under
 
     async def _take_new_key(self) -> bool:
         """Hold the keys of the header's epochs if it names a newer one than this mount's,
         unlocking it again (see the module's docstring). Returns whether following goes
         on; stops, saying why, when the new key cannot be had. A header that cannot be
-        read says nothing either way: the next look or read asks again.
+        read says nothing either way: the next look or read asks again. Nor does a key
+        service or token out of reach (KeyUnavailableError: KMS unreachable, a token
+        unplugged), tried again KEY_RETRY_SECONDS later: it stopped the mount for good,
+        where an unreachable store only postpones the next look.
         """
         async with self._taking_key:
             if self.stopped is not None:
@@ -139,9 +161,11 @@ class Follower:
                 return True  # taken meanwhile, or no rekey at all
             if self._unlock_again is None:
                 self._stop(
-                    f"{REKEYED}, and this mount was unlocked with a passphrase typed on a"
-                    " terminal, which it cannot read again"
+                    f"{REKEYED}, and this mount was unlocked with a passphrase or PKCS#11 PIN"
+                    " typed on a terminal, which it cannot read again"
                 )
+                return False
+            if time.monotonic() < self._next_key_try:
                 return False
             try:
                 unlocked = await trio.to_thread.run_sync(
@@ -151,13 +175,42 @@ class Follower:
                 if header.volume_id != self._loaded.volume_id:
                     raise IntegrityError("the store's header now belongs to another volume")
                 retired = open_retired(header, unlocked.master_key)
+            except KeyUnavailableError as exc:
+                self._key_retry.failed(exc)
+                self._next_key_try = time.monotonic() + KEY_RETRY_SECONDS
+                return False
             except SealfsError as exc:
                 self._stop(f"{REKEYED}, and this mount could not unlock its new key: {exc}")
                 return False
+            self._key_retry.succeeded()
             ring.follow(header.data_epoch, unlocked.subkeys, retired)
             self._loaded.header = header
             log.info("key epoch %d: this read-only mount reads under it", header.data_epoch)
             return True
+
+    async def _drop_retired_once_unused(self) -> None:
+        """Forget the retired epoch's keys once the header, as this epoch's key MACed it,
+        no longer names it: the writer has re-sealed every object under the new key.
+
+        The writer commits nothing when it ends a rekey, so only the header tells (one
+        GET per look while a rekey is unfinished). Kept, the old key opened, for good,
+        whatever the holder of the key the rekey revoked put in the store.
+        """
+        async with self._taking_key:
+            ring = self._loaded.keys
+            try:
+                data = await trio.to_thread.run_sync(
+                    read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
+                )
+                verify_header_mac(data, ring.current.header_mac_key)
+                header = decode_header(data)
+            except SealfsError:  # unreadable, or another epoch's: a newer rekey is met apart
+                return
+            retired = ring.retired_epoch
+            if header.data_epoch == ring.epoch and header.retired is None:
+                ring.drop_retired()
+                self._loaded.header = header
+                log.info("key epoch %s is no longer read: the rekey is finished", retired)
 
     def _stop(self, why: str) -> None:
         generation = self._loaded.live.generation

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
 
 from sealfs.cli.keysource import unlocker_for_rekeys
 from sealfs.errors import WrongKeyError
+from sealfs.keys.hsm import Pkcs11Unlocker
 from sealfs.keys.recovery import format_recovery_key
 from sealfs.keys.slots import Passphrase, RecoveryKey, unlock
 from sealfs.store.base import ObjectStore
 from sealfs.volume.header_io import read_header_version
 from tests.conftest import PASSPHRASE, RECOVERY_KEY
+from tests.keys.softhsm import SoftHsm, softhsm  # noqa: F401 (a fixture, used by name)
+from tests.keys.test_hsm import token_volume
 from tests.mounts import write_secret
 from tests.volume.test_rekey import start_rekey
 
@@ -84,3 +88,21 @@ def test_the_systemd_credential_is_read_again(
     assert again is not None
     start_rekey(volume_store)
     assert again(read_header_version(volume_store).data).header.data_epoch == 1
+
+
+def test_a_token_module_named_by_a_relative_path_is_found_from_the_daemons_directory(
+    softhsm: SoftHsm,  # noqa: F811 (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--pkcs11-module (or SEALFS_PKCS11_MODULE) relative to where `sealfs mount` ran: the
+    daemon, in /, looked for the module there, and the mount stopped following at the
+    rekey ("cannot load PKCS#11 module")."""
+    where = softhsm.new_key()
+    data, master, _ = token_volume(softhsm, where)
+    monkeypatch.chdir(os.path.dirname(softhsm.module))
+    local_module = os.path.basename(softhsm.module)
+    mounted = unlock(data, Pkcs11Unlocker(softhsm.pin(), local_module))
+    again = unlocker_for_rekeys(argparse.Namespace(pkcs11_pin_file=str(softhsm.pin_file)), mounted)
+    assert again is not None
+    monkeypatch.chdir("/")
+    assert again(data).master_key == master

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import os
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli import rekey_cmd
 from sealfs.cli.rekey_cmd import LiveMount, _check_daemon_takes_keys, _same_store
 from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
@@ -506,3 +508,22 @@ def test_a_failing_block_ends_the_held_rekey_instead_of_waiting_for_it(
         raise AssertionError("the block failed")
     assert rekey.process.returncode == -signal.SIGKILL
     assert header(volume_env.store).retired is None  # type: ignore[attr-defined]
+
+
+def test_a_read_only_mount_of_another_user_is_not_said_to_need_a_remount(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only its owner or root may have it take the key (EPERM): it takes it by itself
+    when it meets the rekey, if it can. 'remount it' sent the user to unmount another
+    user's mount that would have followed."""
+
+    def refused(path: str, name: str) -> bytes:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(rekey_cmd, "_sealfs_mounts", lambda: ["/srv/theirs"])
+    monkeypatch.setattr(rekey_cmd, "_follower_status", lambda loaded, mnt: {"read_only": True})
+    monkeypatch.setattr(rekey_cmd.os, "getxattr", refused)
+    rekey_cmd._report_followers(None, 1)  # type: ignore[arg-type]
+    said = capsys.readouterr().out
+    assert said.startswith("Read-only mount /srv/theirs: belongs to another user")
+    assert "remount" not in said

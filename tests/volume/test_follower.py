@@ -6,19 +6,22 @@ import errno
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import trio
 import trio.lowlevel
 
 from sealfs.cli.status_cmd import _rows
-from sealfs.errors import IntegrityError
+from sealfs.crypto.envelope import ObjectKind, chunk_binding, seal_object
+from sealfs.errors import IntegrityError, KeyUnavailableError
 from sealfs.keys.slots import Passphrase, Unlocked, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectInfo, ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.volume import follower
+from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.status import volume_status
 from tests.conftest import PASSPHRASE, WrappedStore, mounted
@@ -378,7 +381,9 @@ async def test_a_rekey_stops_a_reader_unlocked_on_a_terminal_and_says_to_remount
         await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
-        await _stays_at(reader, before, "typed on a terminal", caplog)
+        # A token's PIN typed at the mount cannot be read again either: the status said
+        # "a passphrase" to whoever had typed no passphrase at all.
+        await _stays_at(reader, before, "a passphrase or PKCS#11 PIN typed on a terminal", caplog)
 
 
 async def test_after_a_rekey_data_a_reader_unlocked_on_a_terminal_had_not_read_fails(
@@ -434,3 +439,108 @@ async def _stays_at(
     assert dict(_rows(status))["not following"] == f"{stopped}; remount to see later changes"
     await reader.follower.catch_up()  # stopped: it looks no more
     assert reader.meta.generation == generation
+
+
+async def test_a_reader_drops_the_retired_key_once_the_writer_has_re_sealed_everything(
+    volume_store: ObjectStore,
+) -> None:
+    """A reader that took the key while the writer re-sealed (as `sealfs rekey` has it do
+    at once) held the old one for good: whoever had the key the rekey was to revoke
+    could then put chunks sealed under it in the store, and the reader served their
+    bytes, where the writer refuses them. Its status said the rekey was unfinished."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        await mkfile(writer, ROOT_INO, b"f", b"the writer's bytes")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        f = await ino_of(reader, "f")
+        (cid,) = reader.meta.chunks
+        old_keys = reader.loaded.keys.current
+        master = start_rekey(volume_store)
+        start = writer._start_rekey
+        writer._start_rekey = lambda: None  # type: ignore[method-assign]  # not yet
+        await writer.adopt_rekey(master)
+        await reader.take_new_key()
+        assert reader.loaded.keys.retired_epoch == 0
+        start()
+        assert writer.rekey is not None
+        with trio.fail_after(60):
+            await writer.rekey.ended.wait()
+        assert writer.rekey.progress.finished, writer.rekey.progress.error
+        await reader.follower.catch_up()  # type: ignore[union-attr]  # an idle writer's look
+
+        assert reader.loaded.keys.retired_epoch is None
+        assert "rekey" not in dict(_rows(volume_status(reader) | {"log_file": None}))
+        forged = seal_object(
+            old_keys.chunk_key, ObjectKind.CHUNK, chunk_binding(reader.loaded.volume_id, cid),
+            b"forged with the old key", epoch=0,
+        )  # fmt: skip
+        volume_store.put(chunk_name(cid), forged)
+        with pytest.raises(IntegrityError):
+            await read_all(reader, f)
+        assert reader.follower.stopped is None  # type: ignore[union-attr]
+
+
+async def test_a_read_that_failed_under_the_old_key_is_retried_when_another_took_the_new(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads fail together at a rekey. One whose chunk failed under the old key while
+    another request was taking the new key (its unlock in a worker thread, then the
+    switch on the loop) found the new key already held, and failed with EIO."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, unlock_again, **IDLE) as reader,
+    ):
+        _, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        failed_under_old_key = reader.files.read
+
+        async def meanwhile_another_takes_the_key(inode: int, offset: int, size: int) -> bytes:
+            try:
+                return await failed_under_old_key(inode, offset, size)
+            except IntegrityError:
+                monkeypatch.undo()
+                await reader.take_new_key()  # another request, before this one resumes
+                raise
+
+        monkeypatch.setattr(reader.files, "read", meanwhile_another_takes_the_key)
+        assert await read_all(reader, f) == b"sealed under the old key"
+        assert reader.loaded.keys.epoch == 1
+
+
+async def test_a_key_service_out_of_reach_at_the_rekey_is_tried_again_later(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KMS unreachable for a moment (or a token unplugged) stopped the mount for good, to be
+    remounted, where an unreachable store only postpones the next look."""
+    tries: list[bool] = []
+    reachable = False
+    now = [1000.0]
+    monkeypatch.setattr(follower, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def via_kms(data: bytes) -> Unlocked:
+        tries.append(reachable)
+        if not reachable:
+            raise KeyUnavailableError("aws-kms keyslot 2: cannot reach AWS KMS")
+        return unlock_again(data)
+
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, via_kms, **IDLE) as reader,
+    ):
+        assert reader.follower is not None
+        before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
+        for _ in range(2):  # the second soon after: KMS is not asked at every read
+            with pytest.raises(IntegrityError):
+                await read_all(reader, f)
+        assert tries == [False]
+        assert reader.follower.stopped is None
+        assert "cannot reach AWS KMS" in caplog.text
+        reachable = True
+        now[0] += follower.KEY_RETRY_SECONDS
+        await reader.take_new_key()  # what a read, a look or `sealfs rekey` asks, later
+        assert tries == [False, True]
+        assert reader.loaded.keys.epoch == 1
+        assert await read_all(reader, f) == b"sealed under the old key"
+        assert reader.meta.generation == before and reader.follower.stopped is None
