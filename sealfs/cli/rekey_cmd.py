@@ -156,8 +156,9 @@ def _report_followers(loaded: Loaded, epoch: int) -> None:
                 said = f"not following ({stopped}): remount it"
             elif isinstance(held, int) and held >= epoch:
                 said = "follows under the new key"
-            else:  # the store did not answer: it asks again at its next look
-                said = f"has not taken the new key yet: see 'sealfs status {mountpoint}'"
+            else:  # the store or key service did not answer: it tries again by itself
+                where = status.get("log_file") or "its stderr"
+                said = f"has not taken the new key yet: its log ({where}) says why"
         print(f"Read-only mount {mountpoint}: {said}.")
 
 

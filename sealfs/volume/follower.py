@@ -28,7 +28,6 @@ import trio
 import trio.lowlevel
 
 from sealfs.errors import (
-    IntegrityError,
     KeyUnavailableError,
     SealfsError,
     StoreError,
@@ -154,11 +153,14 @@ class Follower:
                 data = await trio.to_thread.run_sync(
                     read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
                 )
-                epoch = decode_header(data).data_epoch
+                found = decode_header(data)
             except SealfsError:
                 return False
-            if epoch <= ring.epoch:
+            if found.data_epoch <= ring.epoch:
                 return True  # taken meanwhile, or no rekey at all
+            if found.volume_id != self._loaded.volume_id:  # named before any Argon2id run
+                self._stop("the store's header now belongs to another volume")
+                return False
             if self._unlock_again is None:
                 self._stop(
                     f"{REKEYED}, and this mount was unlocked with a passphrase or PKCS#11 PIN"
@@ -171,9 +173,7 @@ class Follower:
                 unlocked = await trio.to_thread.run_sync(
                     self._unlock_again, data, limiter=self._limiter, abandon_on_cancel=True
                 )
-                header = unlocked.header
-                if header.volume_id != self._loaded.volume_id:
-                    raise IntegrityError("the store's header now belongs to another volume")
+                header = unlocked.header  # decoded from the same bytes: the same volume
                 retired = open_retired(header, unlocked.master_key)
             except KeyUnavailableError as exc:
                 self._key_retry.failed(exc)

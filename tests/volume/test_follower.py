@@ -15,16 +15,20 @@ import trio.lowlevel
 from sealfs.cli.status_cmd import _rows
 from sealfs.crypto.envelope import ObjectKind, chunk_binding, seal_object
 from sealfs.errors import IntegrityError, KeyUnavailableError
+from sealfs.keys.header import HEADER_NAME
+from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase, Unlocked, unlock
 from sealfs.meta.codec import SEGMENT_PREFIX, segment_name
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectInfo, ObjectStore
 from sealfs.store.faults import FaultyStore
+from sealfs.store.memory import MemoryStore
 from sealfs.volume import follower
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
+from sealfs.volume.loader import create_volume
 from sealfs.volume.status import volume_status
-from tests.conftest import PASSPHRASE, WrappedStore, mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
 from tests.volume.test_engine import (
     R,
     expect,
@@ -350,6 +354,26 @@ async def test_a_read_that_meets_an_idle_writers_rekey_takes_the_new_key(
         assert await read_all(reader, f) == b"sealed under the old key"
         assert reader.loaded.keys.epoch == 1
         assert reader.follower.stopped is None  # type: ignore[union-attr]
+
+
+async def test_a_header_of_another_volume_stops_the_reader_before_any_unlock(
+    volume_store: ObjectStore, kdf_params: Argon2Params, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found after the unlock, it cost an Argon2id run (or a KMS call) first."""
+    unlocks: list[bytes] = []
+
+    def counting(data: bytes) -> Unlocked:
+        unlocks.append(data)
+        return unlock_again(data)
+
+    async with mounted(volume_store, counting, **IDLE) as reader:
+        other = MemoryStore()
+        create_volume(other, PASSPHRASE, kdf_params, RECOVERY_KEY)
+        start_rekey(other)  # a newer epoch than the reader's, under another volume id
+        volume_store.put(HEADER_NAME, other.get(HEADER_NAME))
+        assert not await reader.follower.notice_rekey(0)  # type: ignore[union-attr]
+        await _stays_at(reader, reader.meta.generation, "belongs to another volume", caplog)
+        assert unlocks == []
 
 
 async def test_a_reader_that_cannot_unlock_the_new_header_stops_and_says_why(
