@@ -316,7 +316,7 @@ def test_kill_under_agent_savers_keeps_every_commit(mounted_env: VolumeEnv) -> N
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert line == "started\n", f"{role}: {line}{proc.stderr.read() if proc.stderr else ''}"
-        time.sleep(rng.uniform(0.3, 1.2))
+        time.sleep(rng.uniform(0.5, 1.2))  # each has committed some steps by then
         env.kill()
         for role, proc in procs.items():
             lines, _ = finish_workload(proc)
