@@ -50,7 +50,17 @@ def prepare(
     log_file: the daemon's log (None: its stderr), which `sealfs status`, `sync` and
     `umount` name when they report a failure.
     """
-    _check_mountpoint(mountpoint)
+    bare = _check_mountpoint(mountpoint)
+    try:
+        _mount(volume, mountpoint, allow_other=allow_other, log_file=log_file)
+        if bare is not None:
+            _say_what_the_mount_hides(bare, mountpoint)
+    finally:
+        if bare is not None:
+            os.close(bare)
+
+
+def _mount(volume: Volume, mountpoint: str, *, allow_other: bool, log_file: str | None) -> None:
     if os.geteuid() != 0:
         _check_user_may_mount(mountpoint, allow_other=allow_other)
     options = set(pyfuse3.default_options)
@@ -335,12 +345,16 @@ def _clear_dead_mount(mountpoint: str) -> None:
     )
 
 
-def _check_mountpoint(mountpoint: str) -> None:
+def _check_mountpoint(mountpoint: str) -> int | None:
+    """Refuse a mountpoint sealfs cannot or must not mount on, removing a dead sealfs
+    mount there first; a descriptor of the bare directory (None if it does not open:
+    a user's mountpoint without read permission), for the caller to close."""
     # Resolved: the mount table holds the real path, and a mountpoint named through a
     # symlink (a unit's /var/run/..., a home under /var/home) kept its dead mount.
     # realpath does not fail on the dead mount: it takes the path as it is.
     real = os.path.realpath(mountpoint)
-    if _is_sealfs_mount(real) and not _answers(real):
+    cleared = _is_sealfs_mount(real) and not _answers(real)
+    if cleared:
         _clear_dead_mount(real)
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
@@ -357,10 +371,36 @@ def _check_mountpoint(mountpoint: str) -> None:
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory: give an empty directory")
-    if not is_empty_dir(mountpoint):
+    # What was under the dead mount cannot be told from what a program wrote in the
+    # moment since it went (an agent retrying `makedirs(state); write` does, at once):
+    # refused, a service restarted on failure never came back, and the agent went on
+    # writing its state in plaintext to the local disk. The mount says what it hides.
+    if not cleared and not is_empty_dir(mountpoint):
         raise ConfigError(
             f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
             " use an empty directory"
+        )
+    try:
+        return os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _say_what_the_mount_hides(bare: int, mountpoint: str) -> None:
+    """Warn of entries in the bare directory (bare, a descriptor of it taken before the
+    mount) now hidden by the mount: written there by a program while no mount was."""
+    try:
+        count = len(os.listdir(bare))
+    except OSError:
+        return
+    if count:
+        log.warning(
+            "%d %s appeared in %s while it was being mounted (written there by a program"
+            " while nothing was mounted): now hidden by the mount, in plaintext on the"
+            " local disk; unmount, move them away, and mount again",
+            count,
+            "entry" if count == 1 else "entries",
+            mountpoint,
         )
 
 
