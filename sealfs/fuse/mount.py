@@ -50,7 +50,18 @@ def prepare(
     log_file: the daemon's log (None: its stderr), which `sealfs status`, `sync` and
     `umount` name when they report a failure.
     """
-    check_mountpoint(mountpoint, allow_other=allow_other, clear_dead_mount=True)
+    cleared = check_mountpoint(mountpoint, allow_other=allow_other, clear_dead_mount=True)
+    bare = _open_bare(mountpoint) if cleared else None
+    try:
+        _mount(volume, mountpoint, allow_other=allow_other, log_file=log_file)
+        if bare is not None:
+            _say_what_the_mount_hides(bare, mountpoint)
+    finally:
+        if bare is not None:
+            os.close(bare)
+
+
+def _mount(volume: Volume, mountpoint: str, *, allow_other: bool, log_file: str | None) -> None:
     options = set(pyfuse3.default_options)
     options |= {f"fsname=sealfs:{volume.loaded.volume_id.hex()[:8]}", "subtype=sealfs", "noatime"}
     # Said, not left to libfuse's defaults: writes by other users do not clear the
@@ -333,9 +344,10 @@ def _clear_dead_mount(mountpoint: str) -> None:
     )
 
 
-def check_mountpoint(mountpoint: str, *, allow_other: bool, clear_dead_mount: bool) -> None:
+def check_mountpoint(mountpoint: str, *, allow_other: bool, clear_dead_mount: bool) -> bool:
     """Refuse a mountpoint the kernel mount cannot use. Raises ConfigError or
-    MountpointBusyError naming the problem and the fix.
+    MountpointBusyError naming the problem and the fix. Returns whether it removed a
+    dead sealfs mount there.
 
     `sealfs mount` calls it before the unlock as well as prepare() after it: a missing,
     busy or non-empty mountpoint was named only once the passphrase had been typed and
@@ -348,16 +360,19 @@ def check_mountpoint(mountpoint: str, *, allow_other: bool, clear_dead_mount: bo
     # symlink (a unit's /var/run/..., a home under /var/home) kept its dead mount.
     # realpath does not fail on the dead mount: it takes the path as it is.
     real = os.path.realpath(mountpoint)
-    if _is_sealfs_mount(real) and not _answers(real):
+    cleared = _is_sealfs_mount(real) and not _answers(real)
+    if cleared:
         if not clear_dead_mount:
-            return
+            return False
         _clear_dead_mount(real)
-    _check_mountpoint(mountpoint)
+    _check_mountpoint(mountpoint, may_hold_files=cleared)
     if os.geteuid() != 0:
         _check_user_may_mount(mountpoint, allow_other=allow_other)
+    return cleared
 
 
-def _check_mountpoint(mountpoint: str) -> None:
+def _check_mountpoint(mountpoint: str, *, may_hold_files: bool) -> None:
+    """may_hold_files: a dead mount was just removed from it (see below)."""
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
         if not _answers(mountpoint):
@@ -373,10 +388,42 @@ def _check_mountpoint(mountpoint: str) -> None:
         raise ConfigError(f"mountpoint {mountpoint} does not exist: create it with mkdir")
     if not os.path.isdir(mountpoint):
         raise ConfigError(f"mountpoint {mountpoint} is not a directory: give an empty directory")
-    if not is_empty_dir(mountpoint):
+    # What was under the dead mount cannot be told from what a program wrote in the
+    # moment since it went (an agent retrying `makedirs(state); write` does, at once):
+    # refused, a service restarted on failure never came back, and the agent went on
+    # writing its state in plaintext to the local disk. The mount says what it hides.
+    if not may_hold_files and not is_empty_dir(mountpoint):
         raise ConfigError(
             f"mountpoint {mountpoint} is not empty: the mount would hide its files;"
             " use an empty directory"
+        )
+
+
+def _open_bare(mountpoint: str) -> int | None:
+    """A descriptor of the directory under the mount-to-be, to count what the mount
+    hides once made (None if it does not open: a user's mountpoint without read
+    permission)."""
+    try:
+        return os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _say_what_the_mount_hides(bare: int, mountpoint: str) -> None:
+    """Warn of entries in the bare directory (bare, a descriptor of it taken before the
+    mount) now hidden by the mount: written there by a program while no mount was."""
+    try:
+        count = len(os.listdir(bare))
+    except OSError:
+        return
+    if count:
+        log.warning(
+            "%d %s appeared in %s while it was being mounted (written there by a program"
+            " while nothing was mounted): now hidden by the mount, in plaintext on the"
+            " local disk; unmount, move them away, and mount again",
+            count,
+            "entry" if count == 1 else "entries",
+            mountpoint,
         )
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from sealfs.cli.mount_cmd import _daemon_log
 from sealfs.cli.status_cmd import _rows
+from tests.fuse.test_crash import mount_with_a_bug
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 
 pytestmark = pytest.mark.fuse
@@ -196,6 +198,51 @@ def test_a_mount_that_fails_to_unlock_leaves_a_dead_mount_in_place(
     assert env.is_mounted() and not env.daemon_pids()  # still dead: writes there fail
     assert "removed the dead sealfs mount" in one_line(env.mount(), 0)
     env.umount()
+
+
+# An agent that retries on errors makes its state directory again and writes there in
+# the moment between the lazy unmount of the dead mount and the new mount, when the
+# mountpoint is a bare directory of the local disk.
+AGENT_IN_THE_GAP = """
+import os
+from sealfs.fuse import mount
+
+unmount = mount.fusermount
+
+def fusermount(mountpoint, *, lazy):
+    result = unmount(mountpoint, lazy=lazy)
+    os.makedirs(os.path.join(mountpoint, "agent"), exist_ok=True)
+    with open(os.path.join(mountpoint, "agent", "ckpt"), "w") as f:
+        f.write("step 2")
+    return result
+
+mount.fusermount = fusermount
+"""
+
+
+def test_a_dead_mount_is_replaced_even_if_an_agent_wrote_under_it_meanwhile(
+    mounted_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: an agent retrying `os.makedirs(state); write` wrote into the bare
+    mountpoint in the moment between the removal of the dead mount and the new mount
+    (hit on the first try with a 1 ms retry loop), and `sealfs mount` then refused the
+    mountpoint as not empty, as did every restart after it: the service never came back
+    by itself, and the agent went on writing its checkpoints in plaintext to the local
+    disk. The mount is made, and says what it hides and where."""
+    env = mounted_env
+    (env.mnt / "kept").write_text("committed")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    kill_daemons(env)
+    again = mount_with_a_bug(env, tmp_path, AGENT_IN_THE_GAP, check=False)
+    said = again.stderr + env.log_text()
+    assert again.returncode == 0, said
+    assert "removed the dead sealfs mount" in said
+    assert f"1 entry appeared in {env.mnt} while it was being mounted" in said, said
+    assert (env.mnt / "kept").read_text() == "committed"
+    assert not (env.mnt / "agent").exists()  # hidden by the mount
+    env.umount()
+    assert (env.mnt / "agent" / "ckpt").read_text() == "step 2"
+    shutil.rmtree(env.mnt / "agent")
 
 
 def test_mount_through_a_symlink_replaces_a_dead_mount(mounted_env: VolumeEnv) -> None:

@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -189,6 +190,143 @@ def test_kill_mid_checkpoint_workload_leaves_a_committed_prefix(mounted_env: Vol
         for old, count in acked.items():
             check_round(env.mnt / old, count, f"{where}, checking {old}")
     assert max(acked.values()) > 0, "no round acknowledged any commit: the test proved nothing"
+
+
+# Agents' checkpoint savers side by side, as `python -c SAVERS DIR ROLE`, each resuming
+# from what it finds: a LangGraph-style SQLite saver in WAL mode with synchronous=FULL
+# ("wal"), one with a rollback journal and synchronous=EXTRA ("journal"), and two
+# processes ("A", "B") appending records to one JSONL log opened O_APPEND, each fsyncing
+# its every record. Each prints "committed N" once its N-th step is durable by its own
+# rules: after COMMIT, after fsync.
+SAVERS = r"""
+import json, os, random, sqlite3, sys
+
+root, role = sys.argv[1], sys.argv[2]
+
+def blob(i):
+    rng = random.Random(i)
+    return rng.randbytes(rng.randrange(50, 6000))
+
+if role in ("wal", "journal"):
+    con = sqlite3.connect(os.path.join(root, role + ".db"), isolation_level=None, timeout=10)
+    if role == "wal":
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=FULL")
+    else:
+        con.execute("PRAGMA journal_mode=DELETE")
+        con.execute("PRAGMA synchronous=EXTRA")
+    con.execute("CREATE TABLE IF NOT EXISTS ckpt (step INTEGER PRIMARY KEY, blob BLOB)")
+    con.execute("CREATE TABLE IF NOT EXISTS writes (step INTEGER, k INTEGER, v TEXT)")
+    k = con.execute("SELECT coalesce(max(step), 0) FROM ckpt").fetchone()[0]
+    print("started", flush=True)
+    for i in range(k + 1, 10**9):
+        con.execute("BEGIN")
+        con.execute("INSERT INTO ckpt VALUES (?, ?)", (i, blob(i)))
+        writes = [(i, j, f"{i}.{j}") for j in range(3)]
+        con.executemany("INSERT INTO writes VALUES (?, ?, ?)", writes)
+        con.execute("DELETE FROM writes WHERE step < ?", (i - 20,))
+        con.execute("COMMIT")
+        print(f"committed {i}", flush=True)
+else:
+    path = os.path.join(root, "events.jsonl")
+    k = 0
+    if os.path.exists(path):
+        for line in open(path, "rb").read().split(b"\n")[:-1]:
+            record = json.loads(line)
+            if record["who"] == role:
+                k = record["n"]
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    print("started", flush=True)
+    for i in range(k + 1, 10**9):
+        record = {"who": role, "n": i, "data": blob(i)[:400].hex()}
+        os.write(fd, json.dumps(record).encode() + b"\n")
+        os.fsync(fd)
+        print(f"committed {i}", flush=True)
+"""
+
+
+def saver_blob(i: int) -> bytes:
+    rng = random.Random(i)
+    return rng.randbytes(rng.randrange(50, 6000))
+
+
+def check_saver_db(path: Path, acked: int, where: str) -> int:
+    """A saver's database after a crash: sound, its steps 1..M exact, M >= acked."""
+    assert path.exists() or acked == 0, f"{where}: the database is gone"
+    con = sqlite3.connect(path, timeout=10)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)], where
+        rows = con.execute("SELECT step, blob FROM ckpt ORDER BY step").fetchall()
+        steps = [step for step, _ in rows]
+        assert steps == list(range(1, len(rows) + 1)), f"{where}: steps are not 1..M"
+        assert len(rows) >= acked, f"{where}: {len(rows)} steps, {acked} committed"
+        for step, data in rows:
+            assert data == saver_blob(step), f"{where}: step {step} differs"
+        return len(rows)
+    finally:
+        con.close()
+
+
+def check_events(path: Path, acked: dict[str, int], where: str) -> None:
+    """The shared O_APPEND log: whole records, each writer's numbered 1..M with every
+    fsynced one there. Only a last record not yet fsynced may be cut short, at a page
+    boundary (README, Durability); it is dropped, as the agents' resume would."""
+    data = path.read_bytes() if path.exists() else b""
+    lines = data.split(b"\n")
+    if lines[-1]:
+        assert len(data) % 4096 == 0, f"{where}: the log ends in a partial record mid-page"
+        os.truncate(path, len(data) - len(lines[-1]))
+    seen = dict.fromkeys(acked, 0)
+    for line in lines[:-1]:
+        record = json.loads(line)  # a torn or interleaved record fails here or below
+        who, n = record["who"], record["n"]
+        assert n == seen[who] + 1, f"{where}: {who}'s record {n} follows {seen[who]}"
+        assert record["data"] == saver_blob(n)[:400].hex(), f"{where}: {who} {n} differs"
+        seen[who] = n
+    for who, count in acked.items():
+        assert seen[who] >= count, f"{where}: {who} has {seen[who]} records, {count} fsynced"
+
+
+def test_kill_under_agent_savers_keeps_every_commit(mounted_env: VolumeEnv) -> None:
+    """The README promises that a database on the mount keeps every committed
+    transaction across a crash in WAL mode with synchronous=FULL, or with a rollback
+    journal and synchronous=EXTRA, and that every fsync survives: here under SIGKILL,
+    with two writers appending to one O_APPEND log beside them, resuming each round."""
+    env = mounted_env
+    root = env.mnt / "agents"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    roles = ["wal", "journal", "A", "B"]
+    acked = dict.fromkeys(roles, 0)
+    for rnd in range(3):
+        rng = random.Random(SEED + rnd)
+        where = f"round {rnd} (seed {SEED + rnd})"
+        procs = {}
+        for role in roles:
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-c", SAVERS, str(root), role],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                text=True,
+            )  # fmt: skip
+        for role, proc in procs.items():
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line == "started\n", f"{role}: {line}{proc.stderr.read() if proc.stderr else ''}"
+        time.sleep(rng.uniform(0.5, 1.2))  # each has committed some steps by then
+        env.kill()
+        for role, proc in procs.items():
+            lines, _ = finish_workload(proc)
+            assert "done" not in lines
+            acked[role] = max(acked[role], last_committed(lines))
+        env.mount()
+        for role in ("wal", "journal"):
+            check_saver_db(root / f"{role}.db", acked[role], f"{where}, {role}")
+        check_events(root / "events.jsonl", {"A": acked["A"], "B": acked["B"]}, where)
+    assert all(acked.values()), f"a saver never committed: {acked}"
 
 
 def test_kill_during_large_sequential_write(mounted_env: VolumeEnv) -> None:
