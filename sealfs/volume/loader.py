@@ -279,6 +279,7 @@ def _segments_after(
     Lazily: an error names its fix from the state as replayed up to it.
     """
     names = store.list(SEGMENT_PREFIX, start_after=segment_name(state.generation))[:limit]
+    names = _up_to_a_listing_gap(store, names, state.generation + 1)
     with contextlib.closing(_fetch_in_order(store, names)) as fetched:  # no thread outlives it
         for name, sealed in fetched:
             gen = parse_generation(name)
@@ -295,6 +296,23 @@ def _segments_after(
                     f"log segment {name} is damaged: {exc}{f'; {fix}' if fix else ''}"
                 ) from None
             yield name, sealed, logged
+
+
+def _up_to_a_listing_gap(store: ObjectStore, names: list[str], first: int) -> list[str]:
+    """names (a listing of l/ from generation first on), cut before a segment it lacks
+    that the store holds now.
+
+    A directory read need not show what is created while it runs, nor leave out all of
+    it: a listing taken while the writer commits can lack a segment and hold a later
+    one (on ext4, a follower beside a writer fsyncing as fast as it could saw 1310 and
+    1311 left out and 1312 listed, and stopped for good, calling the log damaged). A
+    segment still missing once asked for alone is the store's gap: replay names it.
+    """
+    for k, name in enumerate(names):
+        expected = segment_name(first + k)
+        if name != expected:
+            return names[:k] if _exists(store, expected) else names
+    return names
 
 
 def _replay_one(state: MetaState, name: str, logged: LoggedSegment, previous: bytes) -> None:
