@@ -124,18 +124,23 @@ def _boundary(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[
     return wrapper
 
 
-def _forget_attributes(inodes: list[int]) -> None:
-    """Make the kernel ask again for the attributes of inodes a follower replayed.
+def _forget_changes(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
+    """Make the kernel ask again for the attributes of inodes a follower replayed, and
+    look again for the names it changed.
 
-    It kept a read-only mount's for a second: a log the writer had appended to was
-    read cut at its old size after the append was replayed. Attributes only: dropping
-    pages waits for page locks a read in flight holds, and that read waits for this
-    loop. With them the kernel drops a changed file's pages itself at its next read
-    (auto_inval_data).
+    It kept a read-only mount's attributes for a second: a log the writer had appended
+    to was read cut at its old size after the append was replayed. Attributes only:
+    dropping pages waits for page locks a read in flight holds, and that read waits
+    for this loop. With them the kernel drops a changed file's pages itself at its
+    next read (auto_inval_data). Names go through pyfuse3's notification thread: the
+    kernel takes the directory's lock to drop one, which a lookup waiting for this
+    loop may hold. A name the kernel never cached is no error (ignore_enoent).
     """
     for ino in inodes:
         with contextlib.suppress(OSError):  # forgotten by the kernel meanwhile
             pyfuse3.invalidate_inode(ino, attr_only=True)
+    for parent, name in names:
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
 
 
 class Operations(pyfuse3.Operations):
@@ -152,7 +157,7 @@ class Operations(pyfuse3.Operations):
         self.log_file = log_file
         self._timeout = 1.0 if volume.read_only else 60.0
         self._dir_inodes: dict[int, int] = {}
-        volume.on_followed = _forget_attributes
+        volume.on_followed = _forget_changes
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import trio
@@ -39,6 +40,7 @@ from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.meta import ops
 from sealfs.meta.codec import LoggedSegment
+from sealfs.meta.extents import ExtentMap
 from sealfs.meta.model import ROOT_INO, Inode, MetaState
 from sealfs.volume import xattrs
 from sealfs.volume.attrs import BLOCK_SIZE, Attr, DirEntry, StatFs, attr_of
@@ -59,6 +61,7 @@ NAME_MAX = 255
 # Records after which a directory's listing is no longer its names (op[1] names it).
 _LISTING_CHANGES = (ops.LINK, ops.UNLINK, ops.DEL_INODE)
 _ATTR_CHANGES = (ops.PUT_INODE, ops.DATA)  # records that change an inode's attributes
+_NAME_CHANGES = (ops.LINK, ops.UNLINK)  # records that change where a name leads
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -133,12 +136,18 @@ class Volume:
             if self.read_only
             else None
         )
-        # Files (and directories) open here that the writer deleted since: readable until
-        # closed, as an unlinked file is on the writer's own mount.
+        # Files (and directories) open here, or named in the kernel's cache, that the
+        # writer deleted since: readable until closed and forgotten, as an unlinked file
+        # is on the writer's own mount.
         self._detached: dict[int, Inode] = {}
+        # Files a replayed commit shrank that the kernel holds, as they were before it,
+        # while the kernel may still believe their old size (see read).
+        self._before_shrink: dict[int, Inode] = {}
         # Given the inodes a replay changed that the kernel holds (set by the FUSE layer,
         # which tells the kernel to drop their attributes: it keeps them for a second).
-        self.on_followed: Callable[[list[int]], None] | None = None
+        # And the names it changed in directories the kernel holds, which it is told to
+        # drop: the inodes they led to stay valid until it forgets them (_adopt_followed).
+        self.on_followed: Callable[[list[int], list[tuple[int, bytes]]], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -278,19 +287,67 @@ class Volume:
             self._listings.pop(op[1], None)  # a directory whose names changed, or is gone
 
     def _adopt_followed(self, name: str, logged: LoggedSegment) -> None:
-        """Apply the writer's next commit, whole (no await inside)."""
-        open_here = {ino: self.meta.inodes.get(ino) for ino in self._opens}
+        """Apply the writer's next commit, whole (no await inside).
+
+        An inode the commit deletes stays valid while the kernel holds it, as FUSE has
+        it: open here, or a name the kernel cached (a lookup not yet forgotten), and the
+        kernel is told to drop the names the commit changed (on_followed), so that its
+        next walk finds the new inode. Dropped at once, an agent reading its checkpoint
+        by name while the writer replaced it several times a second met ESTALE in
+        readlink and open (98 in 7 s): the kernel looks a name up again once after
+        ESTALE, and the inode it found then was often replaced again by the next commit
+        before the request reached it.
+        """
+        deleted = {op[1] for op in logged.segment.ops if op[0] == ops.DEL_INODE}
+        held = {
+            ino: self.meta.inodes.get(ino)
+            for ino in deleted
+            if self._opens.get(ino) or self._lookups.get(ino)
+        }
+        self._keep_before_shrink(logged.segment.ops)
         try:
             replay_new_segment(self.meta, name, logged)
         finally:
             self._listings.clear()  # any directory may have changed
-            for ino, inode in open_here.items():
+            for ino, inode in held.items():
                 if inode is not None and ino not in self.meta.inodes:
                     self._detached[ino] = inode
             self.commits.followed()
             if self.on_followed is not None:
-                changed = {op[1] for op in logged.segment.ops if op[0] in _ATTR_CHANGES}
-                self.on_followed(sorted(changed.intersection(self._lookups)))
+                records = logged.segment.ops
+                changed = {op[1] for op in records if op[0] in _ATTR_CHANGES}
+                names = {
+                    (op[1], op[2])
+                    for op in records
+                    if op[0] in _NAME_CHANGES and (op[1] == ROOT_INO or op[1] in self._lookups)
+                }
+                self.on_followed(sorted(changed.intersection(self._lookups)), sorted(names))
+
+    def _keep_before_shrink(self, records: list[ops.Op]) -> None:
+        """Keep, for read, the version before this commit of each file it shrinks that the
+        kernel holds (a copy of its inode: chunks are never deleted).
+
+        A READ the kernel sent for the old size, answered after the replay, came back
+        short; the kernel then zero-filled the rest of its pages and kept the old size
+        (the attributes invalidated by the replay made it ignore the short read), so a
+        reader got the new bytes and then zeros up to the old size: bytes no
+        generation holds. An agent compacting its log with ftruncate, read on a
+        follower, read NUL runs and torn lines.
+        """
+        sizes: dict[int, int] = {}
+        for op in records:
+            if op[0] == ops.PUT_INODE:
+                sizes[op[1]] = op[6]
+            elif op[0] == ops.DATA:
+                sizes[op[1]] = op[5]
+        for ino, size in sizes.items():
+            inode = self.meta.inodes.get(ino)
+            if inode is None or inode.extents is None:
+                continue
+            if size < inode.size and (self._opens.get(ino) or self._lookups.get(ino)):
+                self._before_shrink[ino] = replace(inode, extents=ExtentMap(list(inode.extents)))
+            elif size >= self._before_shrink.get(ino, inode).size:
+                self._before_shrink.pop(ino, None)  # grown past it: no read asks for it
 
     def _attr(self, inode: Inode) -> Attr:
         return attr_of(inode, self.files.buffered_in(inode.ino))
@@ -473,8 +530,9 @@ class Volume:
         self._maybe_delete(victim.ino)
 
     def _maybe_delete(self, ino: int) -> None:
-        if not self._opens.get(ino):
+        if not self._opens.get(ino) and not self._lookups.get(ino):
             self._detached.pop(ino, None)
+            self._before_shrink.pop(ino, None)
         inode = self.meta.inodes.get(ino)
         if inode is None or inode.nlink > 0 or ino == ROOT_INO:
             return
@@ -647,6 +705,12 @@ class Volume:
         inode = self.inode(self._handle(fh).ino)
         if not inode.is_reg:
             raise FsError(errno.EINVAL)
+        before = self._before_shrink.get(inode.ino)
+        if before is not None and offset + size > _page_end(inode.size):
+            # Past the page that holds the end: the kernel reads by the size it believes,
+            # a page at a time, so it still believes the size before a shrink it has not
+            # seen yet. Answered from that version, not short (see _keep_before_shrink).
+            inode = before
         tried_under = self.loaded.keys.epoch
         try:
             return await self.files.read(inode, offset, size)
@@ -909,6 +973,11 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _page_end(size: int) -> int:
+    """Where the page that holds a file's last byte ends: the kernel's reads go no further."""
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _without_set_id(mode: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -243,4 +245,95 @@ def test_only_the_owner_may_have_a_read_only_mount_unlock_a_new_key(
         result = python_as_nobody(script, ro.parent)
         assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr, result.stderr
         assert json.loads(os.getxattr(ro, "user.sealfs.take-new-key"))["key_epoch"] == 0  # root
+    env.umount()
+
+
+# Replaces ckpt (write a temporary file, fsync, rename it over) and flips `latest` (a new
+# symlink renamed over it), fsyncing the directory, for SECONDS, as fast as it can.
+REPLACER = r"""
+import os, sys, time
+d, seconds = sys.argv[1], float(sys.argv[2])
+end, i = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    i += 1
+    with open(f"{d}/ckpt.tmp", "w") as f:
+        f.write(f"step {i}\n" * 100)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(f"{d}/ckpt.tmp", f"{d}/ckpt")
+    os.symlink(f"target-{i}", f"{d}/l.tmp")
+    os.rename(f"{d}/l.tmp", f"{d}/latest")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+"""
+
+
+def test_a_checkpoint_replaced_many_times_a_second_reads_by_name_without_estale(
+    mounted_env: VolumeEnv,
+) -> None:
+    """An agent reading the newest checkpoint by name on a follower while the writer
+    replaced it as fast as it could: readlink and open met ESTALE (98 in 7 s). The
+    kernel looks a name up again once after ESTALE, and the inode it found then was
+    often replaced by the next replayed commit before its request came."""
+    env = mounted_env
+    d = env.mnt / "a"
+    d.mkdir()
+    (d / "ckpt").write_text("step 0\n")
+    os.symlink("target-0", d / "latest")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    with read_only_mount(env, 0.2) as ro:
+        writer = subprocess.Popen([sys.executable, "-c", REPLACER, str(d), "5"])
+        errors: dict[str, int] = {}
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            for what, call in (
+                ("readlink", partial(os.readlink, ro / "a" / "latest")),
+                ("open", (ro / "a" / "ckpt").read_bytes),
+            ):
+                try:
+                    call()
+                except OSError as exc:
+                    errors[f"{what}: {exc.strerror}"] = errors.get(f"{what}: {exc.strerror}", 0) + 1
+        assert writer.wait(timeout=30) == 0
+        assert not errors, errors
+        # Listings taken while the writer created segments left some out: it stopped.
+        wait_until(partial(reached, ro, env.status()["generation"]), 15)
+        assert json.loads(os.getxattr(ro, STATUS_XATTR))["follow_stopped"] is None
+    env.umount()
+
+
+# Rewrites f in place for SECONDS, alternating 80 KiB of "A" and 4 KiB of "B" (ftruncate
+# to 0, write, fsync), as an agent compacting its log in place does.
+SHRINKER = r"""
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+end, n = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    n += 1
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"A" * 81920 if n % 2 else b"B" * 4096, 0)
+    os.fsync(fd)
+    time.sleep(0.02)
+"""
+
+
+def test_a_file_the_writer_shrinks_never_reads_zeros_on_a_follower(
+    mounted_env: VolumeEnv,
+) -> None:
+    """A read the kernel sent for the old size, answered after the replay of a shrink,
+    came back short; the kernel zero-filled the rest and kept the old size, so read(2)
+    gave the new bytes and then zeros up to the old size (4 of 9 s of reads): bytes no
+    generation holds."""
+    env = mounted_env
+    with read_only_mount(env, 0.2) as ro:
+        writer = subprocess.Popen([sys.executable, "-c", SHRINKER, str(env.mnt / "f"), "7"])
+        wait_until((ro / "f").exists, 15)
+        zeros = reads = 0
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            reads += 1
+            zeros += b"\0" in (ro / "f").read_bytes()
+        assert writer.wait(timeout=30) == 0
+        assert zeros == 0, f"{zeros} of {reads} reads held zero bytes"
     env.umount()
