@@ -6,6 +6,7 @@ import errno
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -332,9 +333,7 @@ async def test_a_reader_follows_a_rekey_that_is_still_re_sealing(
         await mkfile(writer, ROOT_INO, b"old", b"sealed under the old key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
-        master = start_rekey(volume_store)
-        writer._start_rekey = lambda: None  # type: ignore[method-assign]  # re-seals nothing
-        await writer.adopt_rekey(master)
+        await _switch_without_re_sealing(writer, volume_store)
         await mkfile(writer, ROOT_INO, b"new", b"sealed under the new key")
         await writer.fsync()
         await reader.follower.catch_up()  # type: ignore[union-attr]
@@ -428,6 +427,15 @@ async def test_after_a_rekey_data_a_reader_unlocked_on_a_terminal_had_not_read_f
         assert await read_all(remounted, f) == b"sealed under the old key"
 
 
+async def _switch_without_re_sealing(writer: Volume, store: ObjectStore) -> Callable[[], None]:
+    """The writer takes the new key and seals under it, but re-seals nothing yet: objects
+    of both epochs stay in the store. Returns what starts its re-sealing."""
+    start = writer._start_rekey
+    writer._start_rekey = lambda: None  # type: ignore[method-assign]
+    await writer.adopt_rekey(start_rekey(store))
+    return start
+
+
 async def _rekeyed_to_the_end(
     writer: Volume, reader: Volume, store: ObjectStore
 ) -> tuple[int, int]:
@@ -485,10 +493,7 @@ async def test_a_reader_drops_the_retired_key_once_the_writer_has_re_sealed_ever
         f = await ino_of(reader, "f")
         (cid,) = reader.meta.chunks
         old_keys = reader.loaded.keys.current
-        master = start_rekey(volume_store)
-        start = writer._start_rekey
-        writer._start_rekey = lambda: None  # type: ignore[method-assign]  # not yet
-        await writer.adopt_rekey(master)
+        start = await _switch_without_re_sealing(writer, volume_store)
         await reader.take_new_key()
         assert reader.loaded.keys.retired_epoch == 0
         start()

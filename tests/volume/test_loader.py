@@ -103,17 +103,22 @@ async def test_loading_collects_no_garbage_and_leaves_the_collector_as_it_was(
             gc.enable()
 
 
+async def _four_commits(store: ObjectStore) -> list[str]:
+    """Commit four new files, one per segment; the names of l/ then."""
+    async with mounted(store, commit_interval=3600.0) as volume:
+        for i in range(4):
+            fh, _ = await volume.create(ROOT_INO, b"f%d" % i, 0o644, os.O_WRONLY, 0, 0)
+            await volume.release(fh)
+            await volume.fsync()
+    return store.list(SEGMENT_PREFIX)
+
+
 async def test_a_gap_in_the_log_names_the_way_out_and_the_way_works(
     volume_store: ObjectStore,
 ) -> None:
     # A store restored from a copy under a live mount: the mount's next commits land
     # after the restored log's end, and nothing mounts until they are moved away.
-    async with mounted(volume_store, commit_interval=3600.0) as volume:
-        for i in range(4):
-            fh, _ = await volume.create(ROOT_INO, b"f%d" % i, 0o644, os.O_WRONLY, 0, 0)
-            await volume.release(fh)
-            await volume.fsync()
-    names = volume_store.list(SEGMENT_PREFIX)
+    names = await _four_commits(volume_store)
     lost = names[-3]
     volume_store.delete(lost)
     after = names[names.index(lost) + 1 :]
@@ -149,12 +154,7 @@ async def test_a_listing_that_raced_the_writer_loads_the_log_up_to_what_it_left_
     """On ext4 a follower beside a writer fsyncing as fast as it could listed 1312 but
     not 1310 and 1311, and stopped for good, calling the log damaged ("log generation
     1310 is missing"); a mount or a claim listing then would have failed alike."""
-    async with mounted(volume_store, commit_interval=3600.0) as volume:
-        for i in range(4):
-            fh, _ = await volume.create(ROOT_INO, b"f%d" % i, 0o644, os.O_WRONLY, 0, 0)
-            await volume.release(fh)
-            await volume.fsync()
-    names = volume_store.list(SEGMENT_PREFIX)
+    names = await _four_commits(volume_store)
     racing = ListingLeavesOut(volume_store, {names[-3]})
     unlocked = unlock(read_header(volume_store), Passphrase(PASSPHRASE))
     loaded = load_unlocked(racing, unlocked)  # type: ignore[arg-type]
