@@ -158,6 +158,29 @@ async def test_a_backlog_is_replayed_a_commit_at_a_time_with_requests_in_between
         assert seen - {before, writer.commits.generation}, seen
 
 
+async def test_a_directory_a_shell_is_in_lists_empty_after_the_writer_removes_it(
+    volume_store: ObjectStore,
+) -> None:
+    """A shell's working directory: the kernel holds the inode (a lookup) but no handle.
+    Once the writer removed it, `ls` there failed with ESTALE; on the writer's mount, and
+    ext4, it lists empty."""
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkdir(writer, ROOT_INO, b"work")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        cwd = await ino_of(reader, "work")  # the kernel's lookup, as a `cd` makes
+        await writer.rmdir(ROOT_INO, b"work")
+        await forget_all(writer)
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        fh = await reader.opendir(cwd)  # `ls` in it
+        assert await reader.readdir(fh, 0) == []
+        await reader.releasedir(fh)
+        assert (await reader.getattr(cwd)).nlink == 0
+        await forget_all(reader)  # the shell left: the kernel forgets it
+        await expect(errno.ESTALE, reader.getattr(cwd))
+
+
 async def test_a_directory_open_here_stays_open_after_the_writer_removes_it(
     volume_store: ObjectStore,
 ) -> None:
