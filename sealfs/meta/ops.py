@@ -52,6 +52,17 @@ def put_inode(inode: Inode, **changes: Any) -> Op:
     return op
 
 
+def size_set_by(op: Op) -> int | None:
+    """The file size a PUT_INODE or DATA record leaves its inode with; None for others."""
+    if op[0] == PUT_INODE:
+        size: int = op[_FIELD_INDEX["size"]]
+        return size
+    if op[0] == DATA:
+        size = op[5]
+        return size
+    return None
+
+
 def new_inode_record(**fields: Any) -> Op:
     """A record that creates an inode; every field of INODE_FIELD_NAMES must be given."""
     return [PUT_INODE, *(fields[name] for name in INODE_FIELD_NAMES)]

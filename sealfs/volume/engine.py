@@ -334,12 +334,11 @@ class Volume:
         generation holds. An agent compacting its log with ftruncate, read on a
         follower, read NUL runs and torn lines.
         """
-        sizes: dict[int, int] = {}
+        sizes: dict[int, int] = {}  # each file's size after the commit: its last record's
         for op in records:
-            if op[0] == ops.PUT_INODE:
-                sizes[op[1]] = op[6]
-            elif op[0] == ops.DATA:
-                sizes[op[1]] = op[5]
+            size = ops.size_set_by(op)
+            if size is not None:
+                sizes[op[1]] = size
         for ino, size in sizes.items():
             inode = self.meta.inodes.get(ino)
             if inode is None or inode.extents is None:

@@ -254,3 +254,15 @@ def test_compact_refuses_a_tail_that_does_not_follow_the_base() -> None:
     base = compact(RING, KEYS, VOLUME_ID, None, logged[:1])
     with pytest.raises(IntegrityError):
         compact(RING, KEYS, VOLUME_ID, base, logged[2:])
+
+
+def test_the_size_a_record_leaves_is_what_applying_it_leaves() -> None:
+    """A follower reads it off a commit's records before replaying them (to keep the
+    version before a shrink): it must agree with apply."""
+    state = base_state()
+    inode = state.inodes[3]
+    extent = Extent(0, 10, b"c" * 32, 0)
+    for op in (ops.put_inode(inode, size=5), ops.data(3, 0, 10, [extent], 10)):
+        ops.apply(state, op)
+        assert ops.size_set_by(op) == state.inodes[3].size
+    assert ops.size_set_by(ops.unlink(ROOT_INO, b"x")) is None
