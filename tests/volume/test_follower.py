@@ -333,9 +333,7 @@ async def test_a_reader_follows_through_rekeys_unlocking_the_new_header_itself(
         before, f = await _rekeyed_to_the_end(writer, reader, volume_store)
         for _ in range(rekeys - 1):
             await _rekey_to_the_end(writer, volume_store)
-        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"after", b"sealed under the new key")
         assert reader.follower.stopped is None  # type: ignore[union-attr]
         assert reader.meta.generation == writer.commits.generation > before
         assert reader.loaded.keys.epoch == writer.loaded.keys.epoch == rekeys
@@ -353,13 +351,9 @@ async def test_a_reader_follows_a_rekey_that_is_still_re_sealing(
         mounted(volume_store) as writer,
         mounted(volume_store, unlock_again, **IDLE) as reader,
     ):
-        await mkfile(writer, ROOT_INO, b"old", b"sealed under the old key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"old", b"sealed under the old key")
         await _switch_without_re_sealing(writer, volume_store)
-        await mkfile(writer, ROOT_INO, b"new", b"sealed under the new key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"new", b"sealed under the new key")
         assert reader.loaded.keys.retired_epoch == 0 and reader.loaded.keys.epoch == 1
         assert await read_all(reader, await ino_of(reader, "old")) == b"sealed under the old key"
         assert await read_all(reader, await ino_of(reader, "new")) == b"sealed under the new key"
@@ -415,9 +409,7 @@ async def test_a_reader_that_cannot_unlock_the_new_header_stops_and_says_why(
     ):
         before = writer.commits.generation
         await writer.adopt_rekey(start_rekey(volume_store))
-        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"after", b"sealed under the new key")
         await _stays_at(reader, before, "could not unlock its new key: wrong passphrase", caplog)
 
 
@@ -427,9 +419,7 @@ async def test_a_rekey_stops_a_reader_unlocked_on_a_terminal_and_says_to_remount
     async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
         before = writer.commits.generation
         await writer.adopt_rekey(start_rekey(volume_store))
-        await mkfile(writer, ROOT_INO, b"after", b"sealed under the new key")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"after", b"sealed under the new key")
         # A token's PIN typed at the mount cannot be read again either: the status said
         # "a passphrase" to whoever had typed no passphrase at all.
         await _stays_at(reader, before, "a passphrase or PKCS#11 PIN typed on a terminal", caplog)
@@ -448,6 +438,13 @@ async def test_after_a_rekey_data_a_reader_unlocked_on_a_terminal_had_not_read_f
         await _stays_at(reader, before, "typed on a terminal", caplog)
     async with mounted(volume_store, **IDLE) as remounted:
         assert await read_all(remounted, f) == b"sealed under the old key"
+
+
+async def _followed_file(writer: Volume, reader: Volume, name: bytes, data: bytes) -> None:
+    """The writer commits a new file in the root, and the reader follows that commit."""
+    await mkfile(writer, ROOT_INO, name, data)
+    await writer.fsync()
+    await reader.follower.catch_up()  # type: ignore[union-attr]
 
 
 async def _switch_without_re_sealing(writer: Volume, store: ObjectStore) -> Callable[[], None]:
@@ -510,9 +507,7 @@ async def test_a_reader_drops_the_retired_key_once_the_writer_has_re_sealed_ever
         mounted(volume_store) as writer,
         mounted(volume_store, unlock_again, **IDLE) as reader,
     ):
-        await mkfile(writer, ROOT_INO, b"f", b"the writer's bytes")
-        await writer.fsync()
-        await reader.follower.catch_up()  # type: ignore[union-attr]
+        await _followed_file(writer, reader, b"f", b"the writer's bytes")
         f = await ino_of(reader, "f")
         (cid,) = reader.meta.chunks
         old_keys = reader.loaded.keys.current
