@@ -299,11 +299,7 @@ class Volume:
         before the request reached it.
         """
         deleted = {op[1] for op in logged.segment.ops if op[0] == ops.DEL_INODE}
-        held = {
-            ino: self.meta.inodes.get(ino)
-            for ino in deleted
-            if self._opens.get(ino) or self._lookups.get(ino)
-        }
+        held = {ino: self.meta.inodes.get(ino) for ino in deleted if self._kernel_holds(ino)}
         self._keep_before_shrink(logged.segment.ops)
         try:
             replay_new_segment(self.meta, name, logged)
@@ -343,7 +339,7 @@ class Volume:
             inode = self.meta.inodes.get(ino)
             if inode is None or inode.extents is None:
                 continue
-            if size < inode.size and (self._opens.get(ino) or self._lookups.get(ino)):
+            if size < inode.size and self._kernel_holds(ino):
                 self._before_shrink[ino] = replace(inode, extents=ExtentMap(list(inode.extents)))
             elif size >= self._before_shrink.get(ino, inode).size:
                 self._before_shrink.pop(ino, None)  # grown past it: no read asks for it
@@ -528,15 +524,19 @@ class Volume:
         self._record(ops.put_inode(victim, nlink=nlink, ctime_ns=now))
         self._maybe_delete(victim.ino)
 
+    def _kernel_holds(self, ino: int) -> bool:
+        """Whether the kernel may still send a request for ino: open, or looked up and
+        not yet forgotten."""
+        return bool(self._opens.get(ino) or self._lookups.get(ino))
+
     def _maybe_delete(self, ino: int) -> None:
-        if not self._opens.get(ino) and not self._lookups.get(ino):
-            self._detached.pop(ino, None)
-            self._before_shrink.pop(ino, None)
+        if self._kernel_holds(ino):
+            return  # an orphan, or a follower's detached inode, until the kernel lets go
+        self._detached.pop(ino, None)
+        self._before_shrink.pop(ino, None)
         inode = self.meta.inodes.get(ino)
-        if inode is None or inode.nlink > 0 or ino == ROOT_INO:
+        if inode is None or inode.nlink > 0 or ino == ROOT_INO or self.read_only:
             return
-        if self._lookups.get(ino) or self._opens.get(ino) or self.read_only:
-            return  # an orphan until the kernel and every open handle let go
         self._record(ops.del_inode(ino))
         self.files.forget(ino)
 
