@@ -150,9 +150,7 @@ class Follower:
                 return False
             ring = self._loaded.keys
             try:
-                data = await trio.to_thread.run_sync(
-                    read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
-                )
+                data = await self._read_header()
                 found = decode_header(data)
             except SealfsError:
                 return False
@@ -199,9 +197,7 @@ class Follower:
         async with self._taking_key:
             ring = self._loaded.keys
             try:
-                data = await trio.to_thread.run_sync(
-                    read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
-                )
+                data = await self._read_header()
                 verify_header_mac(data, ring.current.header_mac_key)
                 header = decode_header(data)
             except SealfsError:  # unreadable, or another epoch's: a newer rekey is met apart
@@ -211,6 +207,12 @@ class Follower:
                 ring.drop_retired()
                 self._loaded.header = header
                 log.info("key epoch %s is no longer read: the rekey is finished", retired)
+
+    async def _read_header(self) -> bytes:
+        """The store's header, read in a worker thread (abandoned on unmount, as a look is)."""
+        return await trio.to_thread.run_sync(
+            read_header, self._loaded.store, limiter=self._limiter, abandon_on_cancel=True
+        )
 
     def _stop(self, why: str) -> None:
         generation = self._loaded.live.generation
