@@ -90,7 +90,7 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
         "--cache-size",
         metavar="SIZE",
         help="upper bound of the cache directory, in bytes or with K, M, G or T (binary)"
-        " (default 1G; 0 turns the cache off)",
+        f" (default {DEFAULT_CACHE_SIZE}; 0 turns the cache off)",
     )
 
 
