@@ -68,7 +68,11 @@ class CachingStore(StoreWrapper):
     written.
     """
 
-    def __init__(self, inner: ObjectStore, cache_dir: Path, max_bytes: int) -> None:
+    def __init__(
+        self, inner: ObjectStore, cache_dir: Path, max_bytes: int, private_root: Path | None = None
+    ) -> None:
+        """private_root: the highest directory to make the owner's only if missing (the
+        cache directory when None); those above it are made as mkdir -p makes them."""
         self.inner = inner
         self.cache_dir = Path(os.path.abspath(cache_dir))  # the daemon changes directory
         self.max_bytes = max_bytes
@@ -80,7 +84,7 @@ class CachingStore(StoreWrapper):
         self._total = 0
         self._last_warning: float | None = None
         try:
-            make_dirs(self.cache_dir, self.cache_dir)
+            make_dirs(self.cache_dir, Path(os.path.abspath(private_root or cache_dir)))
         except OSError as exc:
             raise ConfigError(
                 f"cannot create cache directory {self.cache_dir}: {exc.strerror}: choose"

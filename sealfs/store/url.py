@@ -208,6 +208,19 @@ def default_cache_dir(url: str, endpoint: str | None = None) -> Path:
     return Path(base) / "sealfs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def private_cache_root(cache_dir: Path) -> Path:
+    """The highest directory a cache makes the owner's only: the XDG cache base for a
+    cache under its sealfs directory (the default's place), else the cache itself.
+
+    Made with the umask, ~/.cache/sealfs came out 0755, so every user could list which
+    volumes (one directory per store URL) this account mounts."""
+    try:
+        base = xdg_base_dir("XDG_CACHE_HOME", ".cache")
+    except ConfigError:
+        return cache_dir
+    return base if (base / "sealfs") in cache_dir.parents else cache_dir
+
+
 def open_store(
     url: str,
     *,
@@ -272,5 +285,5 @@ def open_store(
     else:
         raise ConfigError(f"unsupported store URL scheme {scheme}://: give {SUPPORTED_FORMS}")
     if cache_dir is not None and cache_bytes > 0:
-        store = CachingStore(store, cache_dir, cache_bytes)
+        store = CachingStore(store, cache_dir, cache_bytes, private_cache_root(cache_dir))
     return store

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,33 @@ def test_a_home_that_does_not_exist_holds_no_default_cache(
     assert "XDG_CACHE_HOME" in str(info.value)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir("s3://b/p").parent == tmp_path / "xdg" / "sealfs"
+
+
+@pytest.mark.parametrize("xdg", [False, True])
+def test_the_default_cache_and_the_base_it_makes_are_the_owners_only(
+    xdg: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: ~/.cache/sealfs came out 0755 (only the cache under it was private),
+    so any user could list which volumes this account mounts, one directory per URL."""
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    base = tmp_path / "xdg" if xdg else tmp_path / "home" / ".cache"
+    if xdg:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(base))
+    else:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    old_umask = os.umask(0o022)
+    try:
+        store = open_store("s3://bucket/vol", s3_endpoint="http://127.0.0.1:1")
+        given = open_store("s3://bucket/vol", cache_dir=tmp_path / "given" / "cache")
+    finally:
+        os.umask(old_umask)
+    assert isinstance(store, CachingStore)
+    assert store.cache_dir.parent.parent == base
+    for made in (base, base / "sealfs", store.cache_dir, tmp_path / "given" / "cache"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    assert isinstance(given, CachingStore)
+    assert stat.S_IMODE((tmp_path / "given").stat().st_mode) == 0o755  # not the cache's
 
 
 def test_unknown_scheme_names_the_forms_without_echoing_the_url() -> None:
