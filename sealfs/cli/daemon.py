@@ -46,6 +46,7 @@ def daemonize(
     os.setsid()
     # Out of the caller's directory: a daemon kept there for the life of the mount made
     # the file system holding it impossible to unmount. Every path it uses is absolute.
+    _pin_path_variables()
     os.chdir("/")
     reported = False
 
@@ -128,6 +129,28 @@ def stopped_by(exc: BaseException, log_path: str) -> tuple[int, str]:
         f"the daemon met an unexpected {type(exc).__name__}; this is a bug in sealfs;"
         f" please report it (its traceback is in {log_path})"
     )
+
+
+# Files named by the environment that libraries open after the fork: botocore when
+# it makes a client (the daemon's S3 threads, a follower's fresh KMS client), OpenSSL
+# when it loads trust roots. Given relative, they were looked for in / and the mount
+# failed with "no usable AWS credentials" after unlocking with the same ones.
+_PATH_VARIABLES = (
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_CA_BUNDLE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "SSL_CERT_FILE",
+)
+
+
+def _pin_path_variables() -> None:
+    """Make relative paths in _PATH_VARIABLES absolute before leaving the caller's
+    directory; ~ is left for botocore, which expands it."""
+    for name in _PATH_VARIABLES:
+        value = os.environ.get(name, "")
+        if value and not value.startswith(("/", "~")):
+            os.environ[name] = os.path.abspath(value)
 
 
 def _wait_for_child(read_end: int, log_path: str, pid: int) -> int:

@@ -441,6 +441,35 @@ def test_a_default_cache_inside_the_mountpoint_is_refused_before_it_is_made(
             env.umount(check=False)
 
 
+def test_a_relative_aws_credentials_file_still_serves_the_daemon(s3_env: S3VolumeEnv) -> None:
+    """Regression: AWS_SHARED_CREDENTIALS_FILE=creds (relative, as a shell sets it in
+    the directory holding it) unlocked and mounted, but the daemon runs in / and its
+    clients found no credentials there: every commit failed."""
+    env = s3_env
+    (env.root / "creds").write_text(
+        "[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n"
+    )
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    daemon_env = {k: v for k, v in os.environ.items() if k not in keys}
+    result = sealfs(
+        "mount", env.url, str(env.mnt), "--s3-endpoint", env.endpoint,
+        "--passphrase-file", str(env.passfile), "--log-file", str(env.log),
+        "--cache-dir", str(env.cache), "--store-timeout", "5",
+        env={**daemon_env, "AWS_SHARED_CREDENTIALS_FILE": "creds"}, cwd=env.root, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + env.log_text()
+    try:
+        fd = os.open(env.mnt / "f", os.O_WRONLY | os.O_CREAT)
+        try:
+            os.write(fd, b"committed")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        env.umount()
+    assert "NoCredentials" not in env.log_text() and "credentials" not in env.log_text()
+
+
 def test_hot_reads_send_no_request_and_status_counts_requests(s3_env: S3VolumeEnv) -> None:
     env = s3_env
     env.mount()
