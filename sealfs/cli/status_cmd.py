@@ -160,20 +160,24 @@ def _seen(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _failing(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """The commits failing since the last one succeeded, and why (a daemon older than the
-    field sends none)."""
+    """The commits failing since the last one succeeded, or a read-only mount's looks or
+    new key, and why (a daemon older than the fields sends none)."""
+    rows = []
     failure = s.get("commit_failure")
-    if not failure:
-        return []
-    since = format_time(failure["since_ns"])
-    attempts = failure["attempts"]
-    return [
-        (
+    if failure:
+        rows.append((
             "commits failing",
-            f"since {since} ({attempts} attempt{'s' if attempts != 1 else ''}; nothing"
-            f" written is dropped, retried until the store takes it): {failure['error']}",
-        )
-    ]
+            f"{_since(failure)}; nothing written is dropped, retried until the store takes"
+            f" it): {failure['error']}",
+        ))  # fmt: skip
+    for failure in s.get("follow_failing", []):
+        rows.append(("following", f"{failure['what']} failing {_since(failure)}; retried):"
+                                  f" {failure['error']}"))  # fmt: skip
+    return rows
+
+
+def _since(failure: dict[str, Any]) -> str:
+    return f"since {format_time(failure['since_ns'])} ({counted(failure['attempts'], 'attempt')}"
 
 
 def _running(s: dict[str, Any]) -> list[tuple[str, str]]:

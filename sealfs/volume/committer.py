@@ -66,12 +66,20 @@ SNAPSHOT_RETRY_DELAY = 60.0
 
 
 @dataclass(frozen=True)
-class CommitFailure:
-    """The commits failing in a row: since when, the last one's error, how many."""
+class Failing:
+    """Attempts failing in a row (commits, a follower's looks): since when, the last
+    one's error, how many; what status shows of an outage the loop rides out."""
 
     since_ns: int
     error: str
     attempts: int
+
+    @staticmethod
+    def after(last: Failing | None, exc: BaseException) -> Failing:
+        """The run of failures once exc has joined last's (None: the first of a run)."""
+        if last is None:
+            return Failing(since_ns=time.time_ns(), error=str(exc), attempts=1)
+        return Failing(since_ns=last.since_ns, error=str(exc), attempts=last.attempts + 1)
 
 
 class RetryLog:
@@ -86,24 +94,24 @@ class RetryLog:
     REPEAT_AFTER = 600.0
 
     def __init__(self, what: str, level: int) -> None:
-        self._what = what
+        self.what = what
         self._level = level
         self._kind: type[BaseException] | None = None
         self._logged_at = 0.0
-        self._failures = 0
+        self.failing: Failing | None = None
 
     def failed(self, exc: BaseException) -> None:
         now = time.monotonic()
         if type(exc) is not self._kind or now - self._logged_at >= self.REPEAT_AFTER:
-            more = f" ({self._failures} failed attempts so far)" if self._failures else ""
-            log.log(self._level, "%s failed, will retry%s: %s", self._what, more, exc)
+            more = f" ({self.failing.attempts} failed attempts so far)" if self.failing else ""
+            log.log(self._level, "%s failed, will retry%s: %s", self.what, more, exc)
             self._kind, self._logged_at = type(exc), now
-        self._failures += 1
+        self.failing = Failing.after(self.failing, exc)
 
     def succeeded(self) -> None:
-        if self._failures:
-            log.info("%s succeeded after %d failed attempts", self._what, self._failures)
-        self._kind, self._failures = None, 0
+        if self.failing:
+            log.info("%s succeeded after %d failed attempts", self.what, self.failing.attempts)
+        self._kind, self.failing = None, None
 
 
 async def pause_after_failure(seconds: float) -> None:
@@ -163,7 +171,7 @@ class Committer:
         self._failure: BaseException | None = None
         # Since when commits fail, why the last one did, how many did: for status, which
         # otherwise showed a store outage as an idle mount (the log alone said why).
-        self.failing: CommitFailure | None = None
+        self.failing: Failing | None = None
         # When the commit in flight began (wall clock), None between commits: an outage
         # showed nothing in status until the first commit gave up, a store timeout later.
         self.running_since_ns: int | None = None
@@ -286,12 +294,7 @@ class Committer:
             except BaseException as exc:
                 self._failure = exc
                 if isinstance(exc, SealfsError) and not isinstance(exc, WriterStoppedError):
-                    last = self.failing
-                    self.failing = CommitFailure(
-                        since_ns=time.time_ns() if last is None else last.since_ns,
-                        error=str(exc),
-                        attempts=1 if last is None else last.attempts + 1,
-                    )
+                    self.failing = Failing.after(self.failing, exc)
                 raise
             finally:
                 self.running_since_ns = None

@@ -37,7 +37,7 @@ from sealfs.keys.header import decode_header, verify_header_mac
 from sealfs.keys.rekey import open_retired
 from sealfs.keys.slots import Unlocked
 from sealfs.meta.codec import LoggedSegment
-from sealfs.volume.committer import RetryLog
+from sealfs.volume.committer import Failing, RetryLog
 from sealfs.volume.loader import Loaded, fetch_new_segments, read_header
 
 log = logging.getLogger("sealfs.volume")
@@ -73,6 +73,13 @@ class Follower:
         self._key_retry = RetryLog("unlocking the rekey's new header", logging.WARNING)
         self._next_key_try = -math.inf  # time.monotonic() after which the unlock is tried
         self.stopped: str | None = None  # why this mount no longer follows, once it does not
+
+    def failing(self) -> list[tuple[str, Failing]]:
+        """What keeps this mount behind the writer for now, and retried: its looks at the
+        store, or the unlock of a rekey's new key (KMS or the token out of reach). Only
+        the log said so; status showed a mount following with nothing new."""
+        retries = (self._retry_log, self._key_retry)
+        return [(retry.what, retry.failing) for retry in retries if retry.failing is not None]
 
     async def loop(self) -> None:
         """Follow until cancelled, or until the log cannot be followed any further."""

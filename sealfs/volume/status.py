@@ -65,6 +65,10 @@ def volume_status(volume: Volume, sizes: dict[str, int] | None = None) -> dict[s
         "stopped": None if commits.stopped is None else str(commits.stopped),
         # A read-only mount that can no longer follow the writer's commits says why.
         "follow_stopped": None if volume.follower is None else volume.follower.stopped,
+        # What it retries meanwhile: looks at an unreachable store, a key out of reach.
+        "follow_failing": []
+        if volume.follower is None
+        else [{"what": what, **asdict(f)} for what, f in volume.follower.failing()],
         # The commits failing since the last that succeeded (a store unreachable or full).
         "commit_failure": None if commits.failing is None else asdict(commits.failing),
         "commit_running_since_ns": commits.running_since_ns,

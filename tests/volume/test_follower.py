@@ -587,10 +587,18 @@ async def test_a_key_service_out_of_reach_at_the_rekey_is_tried_again_later(
         assert tries == [False]
         assert reader.follower.stopped is None
         assert "cannot reach AWS KMS" in caplog.text
+        status = volume_status(reader) | {"log_file": None}  # says why, not only the log
+        (waiting,) = status["follow_failing"]
+        assert waiting["what"] == "unlocking the rekey's new header"
+        assert "cannot reach AWS KMS" in waiting["error"] and waiting["attempts"] == 1
+        row = dict(_rows(status))["following"]
+        assert row.startswith("unlocking the rekey's new header failing since ")
+        assert row.endswith("(1 attempt; retried): aws-kms keyslot 2: cannot reach AWS KMS")
         reachable = True
         now[0] += follower.KEY_RETRY_SECONDS
         await reader.take_new_key()  # what a read, a look or `sealfs rekey` asks, later
         assert tries == [False, True]
+        assert volume_status(reader)["follow_failing"] == []
         assert reader.loaded.keys.epoch == 1
         assert await read_all(reader, f) == b"sealed under the old key"
         assert reader.meta.generation == before and reader.follower.stopped is None
