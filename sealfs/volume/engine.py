@@ -299,14 +299,22 @@ class Volume:
         before the request reached it.
         """
         deleted = {op[1] for op in logged.segment.ops if op[0] == ops.DEL_INODE}
-        held = {ino: self.meta.inodes.get(ino) for ino in deleted if self._kernel_holds(ino)}
+        # A file as the last generation left it, with no links: the records of the
+        # commit deleting it may leave it in no state a generation held (a size whose
+        # data the writer dropped with the file, read as zeros). A directory as the
+        # commit leaves it: empty.
+        held = {
+            ino: _file_as_it_is(inode, nlink=0) if inode.is_reg else inode
+            for ino in deleted
+            if self._kernel_holds(ino) and (inode := self.meta.inodes.get(ino)) is not None
+        }
         self._keep_before_shrink(logged.segment.ops)
         try:
             replay_new_segment(self.meta, name, logged)
         finally:
             self._listings.clear()  # any directory may have changed
             for ino, inode in held.items():
-                if inode is not None and ino not in self.meta.inodes:
+                if ino not in self.meta.inodes:
                     self._detached[ino] = inode
             self.commits.followed()
             if self.on_followed is not None:
@@ -340,7 +348,7 @@ class Volume:
             if inode is None or inode.extents is None:
                 continue
             if size < inode.size and self._kernel_holds(ino):
-                self._before_shrink[ino] = replace(inode, extents=ExtentMap(list(inode.extents)))
+                self._before_shrink[ino] = _file_as_it_is(inode)
             elif size >= self._before_shrink.get(ino, inode).size:
                 self._before_shrink.pop(ino, None)  # grown past it: no read asks for it
 
@@ -972,6 +980,15 @@ class Volume:
             BLOCK_SIZE, (used + free) // BLOCK_SIZE, free // BLOCK_SIZE, free // BLOCK_SIZE,
             files + 1_000_000, 1_000_000, NAME_MAX,
         )  # fmt: skip
+
+
+def _file_as_it_is(inode: Inode, nlink: int | None = None) -> Inode:
+    """A copy of a file's inode (with nlink, if given) that replaying later records
+    leaves alone: they change inodes and their extent maps in place. Chunks are never
+    deleted."""
+    assert inode.extents is not None
+    extents = ExtentMap(list(inode.extents))
+    return replace(inode, extents=extents, nlink=inode.nlink if nlink is None else nlink)
 
 
 def _page_end(size: int) -> int:

@@ -181,6 +181,33 @@ async def test_a_directory_a_shell_is_in_lists_empty_after_the_writer_removes_it
         await expect(errno.ESTALE, reader.getattr(cwd))
 
 
+async def test_a_file_open_here_that_the_writer_rewrote_then_deleted_reads_its_last_version(
+    volume_store: ObjectStore,
+) -> None:
+    """Found by the follower's stateful test: a file open on the reader, that the writer
+    overwrote past its flush threshold and deleted within one commit. The commit holds
+    the new size but not the data the writer dropped with the file, and the reader,
+    which kept the inode as the commit left it, read 300,000 zeros: bytes no version
+    held. It reads as the last generation left it (here empty), with no links."""
+    async with (
+        mounted(volume_store) as writer,
+        mounted(volume_store, **IDLE) as reader,
+    ):
+        a = await mkfile(writer, ROOT_INO, b"a", b"last version")
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        fh = await reader.open(await ino_of(reader, "a"), R)
+        await write_at(writer, a, 0, bytes(range(256)) * 1200)  # past the flush threshold
+        await writer.unlink(ROOT_INO, b"a")
+        await forget_all(writer)
+        await writer.fsync()
+        await reader.follower.catch_up()  # type: ignore[union-attr]
+        got = bytes(await reader.read(fh, 0, 4096))
+        assert got == b"last version", f"{len(got)} bytes, {got.count(0)} of them zeros"
+        assert (await reader.getattr(a)).nlink == 0
+        await reader.release(fh)
+
+
 async def test_a_directory_open_here_stays_open_after_the_writer_removes_it(
     volume_store: ObjectStore,
 ) -> None:
