@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
 from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.seen import SeenVolume
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, store_from
@@ -99,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
     store = store_from(args)
     version = read_header_version(store)
     unlocked = unlock_header(args, version.data)
+    # Checked as a mount checks (the record read before the load, see unlock_seen): the
+    # rekey commits its own generations, after which no mount could tell a rollback, and
+    # the commits the store had dropped were lost without a word.
+    seen = SeenVolume.of(unlocked.header.volume_id, args.store, store)
+    recorded = seen.recorded()
     loaded = load_unlocked(store, unlocked)
+    seen.check(recorded, loaded.live.generation)
     with contextlib.ExitStack() as held:
         live = _live_mountpoint(loaded)
         if live is not None:
@@ -120,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
             loaded.header = header
         check_writer(loaded, takeover=False)
         claim_writer(loaded)
-        progress = trio.run(_rekey_here, loaded)
+        try:
+            progress = trio.run(_rekey_here, loaded)
+        finally:
+            seen.remember(loaded.live.generation)  # what this command committed
     print(
         f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
         f" ({format_size(progress.resealed_bytes)}) re-encrypted in {progress.seconds():.1f} s."
