@@ -13,6 +13,7 @@ import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
@@ -50,7 +51,14 @@ from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.url import DEFAULT_STORE_TIMEOUT, cache_dir_for, is_local_url, local_path
 from sealfs.volume.engine import Volume
-from sealfs.volume.loader import Loaded, check_writer, claim_writer, collector_paused, pid_alive
+from sealfs.volume.loader import (
+    Loaded,
+    check_writer,
+    claim_writer,
+    collector_paused,
+    pid_alive,
+    segment_digest,
+)
 from sealfs.volume.options import VolumeOptions
 
 log = logging.getLogger("sealfs.cli")
@@ -150,7 +158,7 @@ def run_mount(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded, seen, recorded, unlocked = unlock_seen(args, accepting=args.accept_rollback)
-        seen.check(recorded, loaded.live.generation)
+        seen.check(recorded, loaded.live.generation, partial(segment_digest, loaded))
         seen.warn_if_behind_elsewhere(loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
@@ -249,7 +257,7 @@ def _serve(
         ready = True
 
     try:
-        with kept_current(seen, lambda: volume.commits.generation):
+        with kept_current(seen, lambda: volume.commits.head):
             serve(volume, mountpoint, report_ready, on_hangup)
     except SealfsError as exc:
         if not ready:  # nobody was told of the mount, so nobody wrote to it

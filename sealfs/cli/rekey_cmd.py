@@ -22,12 +22,14 @@ import os
 import socket
 import sys
 import time
+from functools import partial
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
 from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import format_size
 from sealfs.cli.unlock import add_unlock_options, store_from
@@ -60,6 +62,7 @@ from sealfs.volume.loader import (
     check_writer,
     claim_writer,
     load_unlocked,
+    segment_digest,
     writer_alive,
 )
 from sealfs.volume.options import VolumeOptions
@@ -99,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
     store = store_from(args)
     version = read_header_version(store)
     unlocked = unlock_header(args, version.data)
+    # Checked as a mount checks (the record read before the load, see unlock_seen): the
+    # rekey commits its own generations, after which no mount could tell a rollback, and
+    # the commits the store had dropped were lost without a word.
+    seen = SeenVolume.of(unlocked.header.volume_id, args.store, store)
+    recorded = seen.recorded()
     loaded = load_unlocked(store, unlocked)
+    seen.check(recorded, loaded.live.generation, partial(segment_digest, loaded))
     with contextlib.ExitStack() as held:
         live = _live_mountpoint(loaded)
         if live is not None:
@@ -120,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
             loaded.header = header
         check_writer(loaded, takeover=False)
         claim_writer(loaded)
-        progress = trio.run(_rekey_here, loaded)
+        volume = Volume(loaded, VolumeOptions())
+        with kept_current(seen, lambda: volume.commits.head):  # its commits, as a mount's
+            progress = trio.run(_rekey_here, volume)
     print(
         f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
         f" ({format_size(progress.resealed_bytes)}) re-encrypted in {progress.seconds():.1f} s."
@@ -430,8 +441,7 @@ def _follow_mount(mountpoint: str) -> RekeyProgress:
             time.sleep(POLL_SECONDS)
 
 
-async def _rekey_here(loaded: Loaded) -> RekeyProgress:
-    volume = Volume(loaded, VolumeOptions())
+async def _rekey_here(volume: Volume) -> RekeyProgress:
     async with volume.running():
         rekey = volume.rekey
         assert rekey is not None

@@ -49,7 +49,10 @@ from sealfs.store.url import is_local_url
 
 log = logging.getLogger(__name__)
 
-Recorded = tuple[int, int]  # (generation, when it was recorded in ns since the epoch)
+# (generation, when it was recorded in ns since the epoch, the SHA-256 of that generation's
+# segment payload: None in records written before it was kept)
+Recorded = tuple[int, int, bytes | None]
+Committed = tuple[int, bytes | None]  # a generation and its segment payload's SHA-256
 
 _MAX_RECORD = 64 * 1024  # a record is about 200 bytes; anything larger is not one
 RECORD_INTERVAL = 30.0  # seconds between records while a mount runs (one small fsync)
@@ -98,23 +101,53 @@ class SeenVolume:
             self._warned = True
             return None
 
-    def check(self, recorded: Recorded | None, generation: int) -> None:
+    def check(
+        self,
+        recorded: Recorded | None,
+        generation: int,
+        digest_at: Callable[[int], bytes | None],
+    ) -> None:
         """Raise RolledBackError if recorded (this host's record at this location) is
-        newer than generation, unless accepting.
+        newer than generation, or if the store's segment of the recorded generation is
+        not the one recorded (digest_at: its payload's SHA-256 in the loaded store, None
+        if unreadable), unless accepting.
 
         recorded is the record as read before the store's log was listed (see
         unlock_seen): a record read after it may hold a generation that a mount of the
-        volume on this host committed since, and takes the store for rolled back."""
-        if recorded is None or generation >= recorded[0] or self.accepting:
+        volume on this host committed since, and takes the store for rolled back.
+
+        A copy of the volume (a backup, mounted and written elsewhere) shares its id and
+        keys: past the generation where it diverged, its log chains onto the same
+        history, every object authentic. A store that served its branch in place of
+        this host's, once the copy had passed the recorded generation, mounted it with
+        the copy's files and without this host's, had only the generation been kept."""
+        if recorded is None or self.accepting:
             return
-        newest, at_ns = recorded
-        raise RolledBackError(
+        newest, at_ns, digest = recorded
+        if generation < newest:
+            raise self._behind(generation, newest, at_ns)
+        if digest is not None and digest_at(newest) != digest:
+            raise self._another_branch(generation, newest, at_ns)
+
+    def _behind(self, generation: int, newest: int, at_ns: int) -> RolledBackError:
+        return RolledBackError(
             f"the {self.location} holds generation {generation} of volume"
             f" {self.volume_id.hex()}, but this host saw generation {newest} there"
             f" ({format_time(at_ns)}):"
             f" the store was rolled back or restored from an older copy, and what was"
             f" committed after generation {generation} is not in it. If you restored it on"
             f" purpose, mount once with --accept-rollback"
+        )
+
+    def _another_branch(self, generation: int, newest: int, at_ns: int) -> RolledBackError:
+        return RolledBackError(
+            f"the {self.location} holds generation {generation} of volume"
+            f" {self.volume_id.hex()}, but its generation {newest} is not the one this"
+            f" host saw there ({format_time(at_ns)}): the store holds another copy of the"
+            " volume, written separately (a backup mounted elsewhere), or lost that"
+            f" segment, and what was committed here up to generation {newest} may not"
+            " all be in it. If you restored that copy on purpose, mount once with"
+            " --accept-rollback"
         )
 
     def warn_if_behind_elsewhere(self, generation: int) -> None:
@@ -164,8 +197,11 @@ class SeenVolume:
             ):
                 yield generation, at_ns, location
 
-    def remember(self, generation: int, *, replace: bool = False) -> None:
-        """Record generation as seen, unless a newer one is (replace: record it anyway)."""
+    def remember(
+        self, generation: int, digest: bytes | None = None, *, replace: bool = False
+    ) -> None:
+        """Record generation (and its segment payload's SHA-256) as seen, unless a newer
+        one is (replace: record it anyway)."""
         if self._where() is None:
             return
         try:
@@ -173,7 +209,7 @@ class SeenVolume:
                 seen = self.recorded()
                 if seen is not None and seen[0] >= generation and not replace:
                     return
-                self._write(generation, directory)
+                self._write(generation, digest, directory)
         except OSError as exc:
             if not self._warned:
                 log.warning(
@@ -219,11 +255,11 @@ class SeenVolume:
             return None
         parsed = _parse_record(raw)
         if parsed is not None:
-            return parsed[0], parsed[1]
+            return parsed[0], parsed[1], _digest_of(parsed[2])
         log.warning("%s is not a sealfs record; rollback not checked", self.path)
         return None
 
-    def _write(self, generation: int, directory: int) -> None:
+    def _write(self, generation: int, digest: bytes | None, directory: int) -> None:
         """Replace the record atomically and durably (directory: its directory, open):
         a record lost to a power cut weakens the check, a torn one would be ignored,
         and neither blocks a mount."""
@@ -233,6 +269,8 @@ class SeenVolume:
             "generation": generation,
             "seen_at_ns": time.time_ns(),
         }
+        if digest is not None:
+            record["digest"] = digest.hex()
         data = json.dumps(record, ensure_ascii=True).encode() + b"\n"
         self._remove_leftovers()
         # A new file of a name no one could guess: a symlink left in the directory under
@@ -289,6 +327,17 @@ def _parse_record(raw: bytes) -> tuple[int, int, dict[str, object]] | None:
     return None
 
 
+def _digest_of(record: dict[str, object]) -> bytes | None:
+    """The segment digest a record holds; None if it holds none that could be one."""
+    digest = record.get("digest")
+    if not isinstance(digest, str) or len(digest) != 64:
+        return None
+    try:
+        return bytes.fromhex(digest)
+    except ValueError:
+        return None
+
+
 def _is_token(text: str) -> bool:
     """Whether text is what secrets.token_hex(8) makes."""
     return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
@@ -317,18 +366,18 @@ def _lock_within(fd: int, seconds: float) -> None:
 
 @contextlib.contextmanager
 def kept_current(
-    seen: SeenVolume, generation: Callable[[], int], every: float = RECORD_INTERVAL
+    seen: SeenVolume, committed: Callable[[], Committed], every: float = RECORD_INTERVAL
 ) -> Iterator[None]:
     """Record the committed generation once the mount serves, every so often while it
     does, and once more at the end: a daemon killed after weeks leaves a record of
     weeks, not of the day it mounted. In the daemon: a warning that the record cannot
     be kept goes to its log, once, not into the one line of a mount that fails."""
-    seen.remember(generation(), replace=seen.accepting)
+    seen.remember(*committed(), replace=seen.accepting)
     stop = threading.Event()
 
     def keep() -> None:
         while not stop.wait(every):
-            seen.remember(generation())
+            seen.remember(*committed())
 
     keeper = threading.Thread(target=keep, name="sealfs-seen", daemon=True)
     keeper.start()
@@ -337,4 +386,4 @@ def kept_current(
     finally:
         stop.set()
         keeper.join()
-        seen.remember(generation())
+        seen.remember(*committed())

@@ -138,8 +138,9 @@ class Committer:
         self._keys = loaded.keys
         self._loaded = loaded
         self._live = loaded.live
-        self.generation = 0
-        self._head_hash = b""
+        # The generation committed last and its payload's SHA-256, set as one: a thread
+        # records the pair for the host (sealfs.cli.seen) while commits go on.
+        self.head: tuple[int, bytes] = (0, b"")
         self._base = loaded.base
         self._tail = loaded.tail
         self.start()
@@ -185,10 +186,14 @@ class Committer:
         self._snapshot_log = RetryLog("snapshot", logging.WARNING)
         self._snapshot_not_before = 0.0  # monotonic time; set by a failed snapshot
 
+    @property
+    def generation(self) -> int:
+        """The generation committed last."""
+        return self.head[0]
+
     def start(self) -> None:
         """Take the head of the log as loaded (and claimed) now: the next commit follows it."""
-        self.generation = self._live.generation
-        self._head_hash = self._live.head_hash
+        self.head = (self._live.generation, self._live.head_hash)
         # The writer's claim (made after this was built, by the process that writes) is
         # a commit too: status showed the one before it as the last.
         self.last_commit_ns = self._live.committed_ns
@@ -205,8 +210,7 @@ class Committer:
         Not start(), which sums the whole tail loaded at mount: once per replayed
         segment, that grew with the log a follower never compacts.
         """
-        self.generation = self._live.generation
-        self._head_hash = self._live.head_hash
+        self.head = (self._live.generation, self._live.head_hash)
         self.last_commit_ns = self._live.committed_ns
 
     def record(self, op: ops.Op) -> None:
@@ -517,7 +521,8 @@ class Committer:
             del batch[: len(segment.ops)]  # committed now: never requeued
             if not batch:
                 return
-        segment = Segment(self.generation + 1, self._head_hash, time.time_ns(), batch)
+        generation, head_hash = self.head
+        segment = Segment(generation + 1, head_hash, time.time_ns(), batch)
         with self._keys.sealing() as keys:  # in use until published: see KeyRing
             sealed, digest = await trio.to_thread.run_sync(
                 encode_segment, keys, self._volume_id, segment, limiter=self._limiter
@@ -538,7 +543,7 @@ class Committer:
             self._unsure = (segment, sealed, digest)
             raise
         self._unsure = None
-        self.generation, self._head_hash = segment.generation, digest
+        self.head = (segment.generation, digest)
         self.last_commit_ns = segment.time_ns
         self.segments_written += 1
         self._tail.append(LoggedSegment(segment, digest, len(sealed)))

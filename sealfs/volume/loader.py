@@ -265,6 +265,26 @@ def fetch_new_segments(loaded: Loaded, limit: int) -> list[tuple[str, LoggedSegm
     return got
 
 
+def segment_digest(loaded: Loaded, generation: int) -> bytes | None:
+    """The SHA-256 of the payload of l/<generation> (at most the loaded generation) as
+    the store holds it: what the segment after it chains onto. None if it does not
+    open, or is gone.
+
+    For the host's record of what it saw committed (sealfs.cli.seen): a copy of the
+    volume written separately holds another segment of that generation, as authentic.
+    """
+    if generation == loaded.live.generation:
+        return loaded.live.head_hash
+    for logged in loaded.tail:
+        if logged.segment.generation == generation:
+            return logged.digest
+    try:  # older than the snapshot loaded: the log keeps every segment
+        sealed = loaded.store.get(segment_name(generation), MAX_SEALED_METADATA)
+        return decode_segment(loaded.keys, loaded.volume_id, generation, sealed).digest
+    except (ObjectNotFoundError, IntegrityError, FormatError):
+        return None
+
+
 def replay_new_segment(state: MetaState, name: str, logged: LoggedSegment) -> None:
     """Apply one segment fetch_new_segments returned; IntegrityError naming the fix if
     it does not extend the log this state holds."""

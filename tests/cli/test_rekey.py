@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -527,3 +528,51 @@ def test_a_read_only_mount_of_another_user_is_not_said_to_need_a_remount(
     said = capsys.readouterr().out
     assert said.startswith("Read-only mount /srv/theirs: belongs to another user")
     assert "remount" not in said
+
+
+def test_an_offline_rekey_refuses_a_store_rolled_back_behind_this_host_s_record(
+    volume_env: VolumeEnv,
+) -> None:
+    """The rekey commits generations (its claim, its release), so the next mount finds
+    the store at or past this host's record and can no longer tell a rollback: the
+    commits the store dropped were lost without a word. The rekey checks the record
+    as a mount does, before it writes anything."""
+    env = volume_env
+    env.mount()
+    (env.mnt / "kept").write_bytes(b"committed before the cut")
+    env.umount()
+    older = {p.relative_to(env.store) for p in env.store.glob("[ls]/*")}
+    env.mount()
+    (env.mnt / "dropped").write_bytes(b"committed, then dropped by the store")
+    env.umount()
+    newer = sorted(p for p in env.store.glob("l/*") if p.relative_to(env.store) not in older)
+    assert len(newer) == 3  # the claim, the file's commit, the release
+    for path in newer[1:]:  # two generations dropped: the rekey's claim and release refill them
+        path.unlink()
+    before = fingerprint(env.store)
+    result = rekey(env, "--drop-slot", "1", timeout=60)
+    line = one_line(result, 4)
+    assert "rolled back" in line and "--accept-rollback" in line, line
+    assert fingerprint(env.store) == before, "a refused rekey changed the store"
+    refused = env.mount(check=False)  # the host still tells, as before the rekey
+    assert refused.returncode == 4 and "rolled back" in refused.stderr, refused.stderr
+
+
+def test_a_store_put_back_as_it_was_before_an_offline_rekey_is_refused_as_rolled_back(
+    volume_env: VolumeEnv, tmp_path: Path
+) -> None:
+    """Each object of the copy is authentic under the old key, the very key the rekey
+    was run to revoke: only this host's record of the rekey's own commits tells."""
+    env = volume_env
+    env.mount()
+    (env.mnt / "f").write_bytes(b"written before the rekey")
+    env.umount()
+    before_rekey = tmp_path / "before-rekey"
+    shutil.copytree(env.store, before_rekey)
+    assert rekey(env, "--drop-slot", "1", timeout=60).returncode == 0
+    shutil.rmtree(env.store)
+    shutil.copytree(before_rekey, env.store)
+    refused = env.mount(check=False)
+    if refused.returncode == 0:  # the failure this test is for: leave no mount behind
+        env.umount()
+    assert refused.returncode == 4 and "rolled back" in refused.stderr, refused.stderr

@@ -33,7 +33,7 @@ OTHER_VOLUME = bytes(range(1, 17))
 
 def check(seen: SeenVolume, generation: int) -> None:
     """What a mount does: the record as it is now, against the generation it loaded."""
-    seen.check(seen.recorded(), generation)
+    seen.check(seen.recorded(), generation, lambda _: None)
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_the_record_never_goes_back_unless_told(state: Path) -> None:
         check(seen, 6)
     accepting = SeenVolume(VOLUME, "local store at /srv/agent", accepting=True)
     check(accepting, 5)  # --accept-rollback
-    with kept_current(accepting, lambda: 5, every=3600):
+    with kept_current(accepting, lambda: (5, None), every=3600):
         pass
     check(seen, 5)  # the mount that accepted it lowered the record
     with pytest.raises(RolledBackError):
@@ -239,11 +239,11 @@ def test_a_running_mount_keeps_its_record_current(state: Path) -> None:
     generation = [3]
     advanced = threading.Event()
 
-    def committed() -> int:
+    def committed() -> tuple[int, None]:
         generation[0] += 1
         if generation[0] >= 10:
             advanced.set()
-        return generation[0]
+        return generation[0], None
 
     with kept_current(seen, committed, every=0.01):
         assert advanced.wait(10)
@@ -478,3 +478,27 @@ def test_mounting_the_old_copy_of_a_moved_volume_warns(volume_env: VolumeEnv) ->
     result = env.mount()
     env.umount()
     assert "separate copy" in result.stderr and str(moved) in result.stderr, result.stderr
+
+
+def test_a_store_whose_recorded_generation_is_another_segment_is_refused(state: Path) -> None:
+    seen = SeenVolume(VOLUME, "local store at /srv/agent")
+    ours, theirs = bytes(32), bytes(range(32))
+    seen.remember(7, ours)
+    recorded = seen.recorded()
+    assert recorded is not None and recorded[2] == ours
+    asked: list[int] = []
+
+    def digest_at(generation: int) -> bytes:
+        asked.append(generation)
+        return ours
+
+    seen.check(recorded, 9, digest_at)
+    assert asked == [7]  # the recorded generation, in the loaded store
+    for found in (theirs, None):  # a copy's branch, or the segment gone
+        with pytest.raises(RolledBackError) as refused:
+            seen.check(recorded, 9, lambda _: found)  # noqa: B023 (called at once)
+        message = str(refused.value)
+        assert "generation 7 is not the one" in message and "another copy" in message, message
+        assert "--accept-rollback" in message and "\n" not in message, message
+    accepting = SeenVolume(VOLUME, "local store at /srv/agent", accepting=True)
+    accepting.check(accepting.recorded(), 9, lambda _: theirs)  # --accept-rollback

@@ -243,3 +243,48 @@ def test_tampered_header_refuses_mount(env: VolumeEnv) -> None:
         flip_byte(header, offset)
         refused_mount(env, code=None)
         header.write_bytes(original)
+
+
+def test_a_copy_written_separately_served_as_the_log_this_host_saw_refuses_mount(
+    env: VolumeEnv, tmp_path: Path
+) -> None:
+    """A copy of the volume (a backup, mounted and written elsewhere) shares its id and
+    keys: from where it diverged, its log chains onto the same history, every object
+    authentic. A store holding one served its longer branch in place of the one this
+    host committed, and the mount showed the copy's files, this host's gone without a
+    word: the generation alone, which the copy had passed, could not tell."""
+    copy = VolumeEnv(tmp_path / "copy")
+    shutil.copytree(env.store, copy.store)
+    shutil.copy(env.passfile, copy.passfile)
+    shared = {p.relative_to(env.store) for p in env.store.glob("[ls]/*")}
+    copy.mount()
+    try:
+        for name in ("copy-1", "copy-2", "copy-3"):
+            (copy.mnt / name).write_text(name)
+            assert sealfs("sync", str(copy.mnt)).returncode == 0  # a commit each
+    finally:
+        copy.umount()
+    assert not copy.cleanup()
+    env.mount()
+    try:
+        (env.mnt / "here.txt").write_text("committed on this host")
+    finally:
+        env.umount()
+    ours = [p for p in env.store.glob("[ls]/*") if p.relative_to(env.store) not in shared]
+    theirs = [p for p in copy.store.glob("[ls]/*") if p.relative_to(copy.store) not in shared]
+    assert len(theirs) > len(ours)  # the copy's branch is the longer one
+    for path in ours:
+        path.unlink()
+    for path in [*theirs, *copy.store.glob("c/*/*")]:
+        target = env.store / path.relative_to(copy.store)
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy(path, target)
+    err = refused_mount(env)
+    assert "another copy" in err and "--accept-rollback" in err, err
+    env.mount("--accept-rollback")  # a restore of that copy, meant
+    try:
+        assert sorted(p.name for p in env.mnt.iterdir()) == [
+            "copy-1", "copy-2", "copy-3", "data.bin",
+        ]  # fmt: skip
+    finally:
+        env.umount()

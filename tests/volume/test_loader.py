@@ -56,6 +56,7 @@ from sealfs.volume.loader import (
     open_volume,
     process_start_ns,
     read_header,
+    segment_digest,
     writer_alive,
 )
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
@@ -529,3 +530,29 @@ def test_a_segment_naming_an_epoch_the_header_does_not_is_still_damage(
         open_volume(volume_store, Passphrase(PASSPHRASE))
     message = str(info.value)
     assert "run the command again" in message and f"move {segment_name(2)}" in message, message
+
+
+async def test_the_digest_of_a_generation_is_the_one_its_successor_chains_onto(
+    memory_store: MemoryStore, kdf_params: Argon2Params
+) -> None:
+    """Whether the loaded log passes through the generation a host recorded: read off the
+    state or its tail, or from the segment itself when a snapshot covers it."""
+    create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    async with mounted(memory_store) as volume:
+        for name in (b"a", b"b"):
+            fh, _ = await volume.create(ROOT_INO, name, 0o644, os.O_WRONLY, 0, 0)
+            await volume.release(fh)
+            await volume.fsync()
+        covered = volume.commits.head
+        await volume.commits.snapshot()
+        fh, _ = await volume.create(ROOT_INO, b"c", 0o644, os.O_WRONLY, 0, 0)
+        await volume.release(fh)
+        await volume.fsync()
+        tailed = volume.commits.head
+    loaded = open_volume(memory_store, Passphrase(PASSPHRASE))
+    newest = (loaded.live.generation, loaded.live.head_hash)
+    assert loaded.base is not None and loaded.base[0] == covered[0] < tailed[0] < newest[0]
+    for generation, digest in (covered, tailed, newest):
+        assert segment_digest(loaded, generation) == digest
+    memory_store.delete(segment_name(covered[0]))
+    assert segment_digest(loaded, covered[0]) is None  # gone: not the one recorded
