@@ -32,6 +32,9 @@ from sealfs.volume.engine import Volume
 log = logging.getLogger("sealfs.fuse")
 
 READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 128
+# Seconds without a commit (or, read-only, a replayed one) before an idle daemon gives its
+# freed heap memory back to the system (see trim_when_idle).
+IDLE_TRIM_AFTER = 10.0
 
 
 # Each ends the daemon after a final commit: SIGQUIT too, which Ctrl-\ sends to a
@@ -183,6 +186,7 @@ async def _main(
             watching.start_soon(_watch_signals, signals, on_hangup)
             async with volume.running(), trio.open_nursery() as nursery:
                 nursery.start_soon(_ready_when_serving, mountpoint, on_ready)
+                nursery.start_soon(trim_when_idle, volume, release_free_memory)
                 await pyfuse3.main(min_tasks=4, max_tasks=64)
                 nursery.cancel_scope.cancel()
             watching.cancel_scope.cancel()
@@ -517,6 +521,36 @@ def _tune_read_ahead(device: int) -> None:
             f.write(str(READ_AHEAD_KB))
     except OSError as exc:
         log.debug("could not raise read-ahead: %s", exc)
+
+
+async def trim_when_idle(volume: Volume, trim: Callable[[], None]) -> None:
+    """Call trim once the volume has gone idle: IDLE_TRIM_AFTER seconds without a new
+    generation, after the mount's load or a burst of commits. Never while they come.
+
+    _tune_malloc keeps up to 64 MiB free at the heap's top, so that 1 MiB request
+    buffers are not faulted in again at every request, and freed buffers and
+    compactions leave more free memory below it. Kept by an idle daemon, it added
+    up: after a 25-minute agent soak whose files were then deleted, the idle writer
+    held 302 MB (malloc: 58 MB in use, 137 MB free), its follower 155 MB; trimmed,
+    205 and 107 MB.
+    """
+    trimmed: int | None = None
+    while True:
+        seen = volume.commits.generation
+        await trio.sleep(IDLE_TRIM_AFTER)
+        now = volume.commits.generation
+        if now == seen and now != trimmed:
+            trimmed = now
+            trim()
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's malloc_trim; a no-op
+    where the C library has none)."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
 
 
 def _tune_malloc() -> None:

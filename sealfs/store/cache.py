@@ -6,9 +6,10 @@ store, which updates the copy. A fetch that a write overlaps does not fill the
 cache (it may hold the bytes from before the write). The header, log segments
 and snapshots always go to the store. The cache holds exactly the sealed
 bytes the store holds (file cache_dir/c/ab/id for object c/ab/id), never
-plaintext. Size is bounded by LRU eviction; the index (sizes and access
-order) lives in memory and is rebuilt from the directory, ordered by mtime,
-on start.
+plaintext. Size is bounded by LRU eviction, counting what each file takes on
+disk (whole blocks, as du counts), not its length; the index (sizes and
+access order) lives in memory and is rebuilt from the directory, ordered by
+mtime, on start.
 
 A cache failure never fails an operation: a cache write that fails (a full
 disk, any OSError) logs a warning (at most one per ten minutes) and the
@@ -80,7 +81,8 @@ class CachingStore(StoreWrapper):
         # Fetches in flight per name, and the names a write overlapped while fetched.
         self._fills: Counter[str] = Counter()
         self._stale: set[str] = set()
-        self._entries: OrderedDict[str, int] = OrderedDict()  # name -> size, oldest first
+        # name -> (length, bytes it takes on disk), oldest first
+        self._entries: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._total = 0
         self._last_warning: float | None = None
         try:
@@ -100,7 +102,7 @@ class CachingStore(StoreWrapper):
         self._rebuild()
 
     def cache_bytes(self) -> int:
-        """Total size of the cached objects."""
+        """What the cached objects take on disk."""
         with self._lock:
             return self._total
 
@@ -111,7 +113,7 @@ class CachingStore(StoreWrapper):
 
     def _rebuild(self) -> None:
         """Index the files already in the cache, least recently used (oldest mtime) first."""
-        found: list[tuple[float, str, int]] = []
+        found: list[tuple[float, str, int, int]] = []
         root = self.cache_dir / CACHED_PREFIX.rstrip("/")
         for dirpath, _dirs, files in os.walk(root):
             _owner_only(Path(dirpath))
@@ -127,28 +129,28 @@ class CachingStore(StoreWrapper):
                     continue
                 name = path.relative_to(self.cache_dir).as_posix()
                 if is_valid_name(name) and is_cached_name(name):
-                    found.append((st.st_mtime, name, st.st_size))
+                    found.append((st.st_mtime, name, st.st_size, _footprint(st)))
         found.sort()
         with self._lock:
-            for _mtime, name, size in found:
-                self._entries[name] = size
-                self._total += size
+            for _mtime, name, size, footprint in found:
+                self._entries[name] = (size, footprint)
+                self._total += footprint
             self._evict_locked()
 
     def _evict_locked(self) -> None:
         while self._total > self.max_bytes and self._entries:
-            name, size = self._entries.popitem(last=False)
-            self._total -= size
+            name, (_, footprint) = self._entries.popitem(last=False)
+            self._total -= footprint
             with contextlib.suppress(OSError):
                 os.unlink(self.cache_dir / name)
 
     def _forget(self, name: str) -> None:
         with self._lock:
             self._overlap_fetches(name)
-            size = self._entries.pop(name, None)
-            if size is None:
+            entry = self._entries.pop(name, None)
+            if entry is None:
                 return
-            self._total -= size
+            self._total -= entry[1]
             with contextlib.suppress(OSError):
                 os.unlink(self.cache_dir / name)
 
@@ -161,10 +163,11 @@ class CachingStore(StoreWrapper):
 
     def _read_cached(self, name: str, max_size: int | None) -> bytes | None:
         with self._lock:
-            size = self._entries.get(name)
-            if size is None:
+            entry = self._entries.get(name)
+            if entry is None:
                 return None
             self._entries.move_to_end(name)
+            size = entry[0]
         path = self._path(name)
         try:
             data = read_regular_file(path, max_size)
@@ -193,15 +196,18 @@ class CachingStore(StoreWrapper):
         path = self._path(name)
         tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
-            _write_file(tmp, data, self.cache_dir)
+            footprint = _write_file(tmp, data, self.cache_dir)
+            if footprint > self.max_bytes:  # its blocks alone pass the bound
+                os.unlink(tmp)
+                return
             with self._lock:
                 if fill and name in self._stale:
                     os.unlink(tmp)  # a write overlapped this fetch: the data may be older
                     return
                 os.replace(tmp, path)
                 old = self._entries.pop(name, None)
-                self._total += size - (old or 0)
-                self._entries[name] = size
+                self._total += footprint - (old[1] if old is not None else 0)
+                self._entries[name] = (size, footprint)
                 self._evict_locked()
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -339,8 +345,9 @@ def _owner_only(directory: Path) -> None:
             directory.chmod(PRIVATE_DIR_MODE)
 
 
-def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
-    """Create path exclusively and write data, creating parent directories lazily."""
+def _write_file(path: Path, data: bytes, cache_dir: Path) -> int:
+    """Create path exclusively and write data, creating parent directories lazily.
+    Returns what the file takes on disk (see _footprint)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -349,8 +356,20 @@ def _write_file(path: Path, data: bytes, cache_dir: Path) -> None:
         fd = os.open(path, flags, 0o600)
     try:
         write_all(fd, data)
+        return _footprint(os.fstat(fd))
     finally:
         os.close(fd)
+
+
+def _footprint(st: os.stat_result) -> int:
+    """What a cached file takes on disk: its blocks (du's count), at least its length.
+
+    Counted by length alone, small chunks each took a whole 4 KiB block: an agent's
+    small tool outputs made a cache under --cache-size 64M take 75 MB of disk, and
+    chunks of 100 bytes would take 40 times the bound. Never less than the length,
+    where a file system keeps small files inline or compressed (st_blocks says less).
+    """
+    return max(st.st_size, st.st_blocks * 512)
 
 
 T = TypeVar("T")

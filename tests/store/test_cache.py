@@ -25,6 +25,11 @@ def cached_files(cache_dir: Path) -> dict[str, int]:
     }
 
 
+def disk_usage(directory: Path) -> int:
+    """What the files under directory take on disk (as du counts them)."""
+    return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
+
+
 def make(tmp_path: Path, max_bytes: int = 1 << 20) -> tuple[CachingStore, MemoryStore]:
     memory = MemoryStore()
     return CachingStore(memory, tmp_path / "cache", max_bytes), memory
@@ -37,7 +42,7 @@ def test_second_get_sends_no_request(tmp_path: Path) -> None:
     assert store.get("c/ab/x") == b"sealed chunk"
     assert memory.counts["get"] == 1
     assert cached_files(store.cache_dir) == {"c/ab/x": 12}
-    assert store.cache_bytes() == 12
+    assert store.cache_bytes() == disk_usage(store.cache_dir)  # a whole block
 
 
 def test_put_writes_through(tmp_path: Path) -> None:
@@ -75,35 +80,50 @@ def test_header_segments_and_snapshots_are_not_cached(tmp_path: Path) -> None:
 
 
 def test_eviction_keeps_total_within_max_bytes_lru_first(tmp_path: Path) -> None:
-    store, memory = make(tmp_path, max_bytes=1000)
+    block = 4096  # each object fills a block
+    store, memory = make(tmp_path, max_bytes=3 * block + 1000)
     for i in range(3):
-        store.put(f"c/00/{i}", bytes(300))
+        store.put(f"c/00/{i}", bytes(block))
     store.get("c/00/0")  # now the most recently used
-    store.put("c/00/3", bytes(300))  # evicts c/00/1, the least recently used
-    assert store.cache_bytes() == 900
+    store.put("c/00/3", bytes(block))  # evicts c/00/1, the least recently used
+    assert store.cache_bytes() == 3 * block
     assert set(cached_files(store.cache_dir)) == {"c/00/0", "c/00/2", "c/00/3"}
     for i in range(4, 20):
-        store.put(f"c/00/{i}", bytes(300))
-        assert store.cache_bytes() <= 1000
-        assert sum(cached_files(store.cache_dir).values()) <= 1000
-    store.put("c/00/huge", bytes(5000))  # larger than the cache: not cached at all
+        store.put(f"c/00/{i}", bytes(block))
+        assert store.cache_bytes() <= 3 * block + 1000
+        assert disk_usage(store.cache_dir) <= 3 * block + 1000
+    store.put("c/00/huge", bytes(5 * block))  # larger than the cache: not cached at all
     assert "c/00/huge" not in cached_files(store.cache_dir)
-    assert store.get("c/00/1") == bytes(300)  # evicted, so fetched again
+    assert store.get("c/00/1") == bytes(block)  # evicted, so fetched again
     assert memory.counts["get"] == 1
+
+
+def test_small_chunks_keep_the_directory_within_max_bytes_on_disk(tmp_path: Path) -> None:
+    """Regression: sizes were counted by length, but each file takes whole blocks. In an
+    agent soak the chunks of small tool outputs (a few KiB each) made a cache under
+    --cache-size 64M take 75 MB of disk; chunks of 100 bytes would take 40 times it."""
+    store, memory = make(tmp_path, max_bytes=64 << 10)
+    for i in range(200):
+        store.put(f"c/00/{i}", bytes(100))
+    assert 0 < disk_usage(store.cache_dir) <= 64 << 10
+    assert store.cache_bytes() <= 64 << 10
+    reopened = CachingStore(memory, tmp_path / "cache", max_bytes=32 << 10)
+    assert 0 < disk_usage(reopened.cache_dir) <= 32 << 10
 
 
 def test_index_is_rebuilt_on_start_in_mtime_order(tmp_path: Path) -> None:
     store, memory = make(tmp_path)
+    block = 4096  # each object fills a block
     for i in range(4):
-        store.put(f"c/00/{i}", bytes(100))
+        store.put(f"c/00/{i}", bytes(block))
         stamp = 1_700_000_000 + (3 - i) * 10  # c/00/3 is the oldest
         os.utime(tmp_path / "cache" / "c" / "00" / str(i), (stamp, stamp))
     (tmp_path / "cache" / "c" / "00" / ".tmp-leftover").write_bytes(b"half")
-    reopened = CachingStore(memory, tmp_path / "cache", max_bytes=250)
-    assert reopened.cache_bytes() == 200
+    reopened = CachingStore(memory, tmp_path / "cache", max_bytes=2 * block + 1000)
+    assert reopened.cache_bytes() == 2 * block
     kept = {n for n in cached_files(reopened.cache_dir) if ".tmp-" not in n}
     assert kept == {"c/00/0", "c/00/1"}
-    assert reopened.get("c/00/0") == bytes(100)
+    assert reopened.get("c/00/0") == bytes(block)
     assert memory.counts["get"] == 0
 
 
@@ -135,7 +155,7 @@ def test_delete_and_discard_drop_the_cached_copy(tmp_path: Path) -> None:
     store.discard("c/ab/y")
     assert store.get("c/ab/y") == b"y"
     assert memory.counts["get"] == 2
-    assert store.cache_bytes() == 1
+    assert store.cache_bytes() == disk_usage(store.cache_dir)  # c/ab/y's block
 
 
 def test_a_fetch_that_a_replace_overlaps_does_not_fill_the_cache(tmp_path: Path) -> None:
