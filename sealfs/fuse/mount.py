@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -547,8 +546,7 @@ async def trim_when_idle(volume: Volume, trim: Callable[[], None]) -> None:
 def release_free_memory() -> None:
     """Give the heap's free pages back to the system (glibc's malloc_trim; a no-op
     where the C library has none)."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = _libc_function("malloc_trim")
     if trim is not None:
         trim(0)
 
@@ -559,13 +557,24 @@ def _tune_malloc() -> None:
     perf notes: this alone took the encrypting write path from 0.45x to 0.98x
     of a plain pyfuse3 passthrough.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return
-    libc = ctypes.CDLL(name)
     m_trim_threshold, m_mmap_threshold = -1, -3
     # 1 MiB request buffers stay in the heap (no fault-in per request); write
     # buffers that grow past 8 MiB get their own mappings, which mremap grows in
     # place and munmap returns, so they neither fragment the heap nor pin RSS.
-    libc.mallopt(m_trim_threshold, 64 << 20)
-    libc.mallopt(m_mmap_threshold, 8 << 20)
+    mallopt(m_trim_threshold, 64 << 20)
+    mallopt(m_mmap_threshold, 8 << 20)
+
+
+def _libc_function(name: str) -> Callable[..., int] | None:
+    """A function of the C library the interpreter runs on, None where it has none.
+
+    Not found by ctypes.util.find_library, which runs ldconfig in a subprocess: at
+    each mount, and at each idle trim, on the event loop."""
+    try:
+        function: Callable[..., int] = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    return function
