@@ -13,7 +13,6 @@ import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 from sealfs.cli.allocator import limit_malloc_arenas
@@ -57,7 +56,6 @@ from sealfs.volume.loader import (
     claim_writer,
     collector_paused,
     pid_alive,
-    segment_digest,
 )
 from sealfs.volume.options import VolumeOptions
 
@@ -158,7 +156,7 @@ def run_mount(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before the volume's load starts threads
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded, seen, recorded, unlocked = unlock_seen(args, accepting=args.accept_rollback)
-        seen.check(recorded, loaded.live.generation, partial(segment_digest, loaded))
+        seen.check_load(recorded, loaded)
         seen.warn_if_behind_elsewhere(loaded.live.generation)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)

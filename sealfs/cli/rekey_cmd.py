@@ -22,7 +22,6 @@ import os
 import socket
 import sys
 import time
-from functools import partial
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,7 +61,6 @@ from sealfs.volume.loader import (
     check_writer,
     claim_writer,
     load_unlocked,
-    segment_digest,
     writer_alive,
 )
 from sealfs.volume.options import VolumeOptions
@@ -108,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     seen = SeenVolume.of(unlocked.header.volume_id, args.store, store)
     recorded = seen.recorded()
     loaded = load_unlocked(store, unlocked)
-    seen.check(recorded, loaded.live.generation, partial(segment_digest, loaded))
+    seen.check_load(recorded, loaded)
     with contextlib.ExitStack() as held:
         live = _live_mountpoint(loaded)
         if live is not None:

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from sealfs.cli.paths import make_state_dirs, state_dir
@@ -46,6 +47,7 @@ from sealfs.store.files import (
     write_all,
 )
 from sealfs.store.url import is_local_url
+from sealfs.volume.loader import Loaded, segment_digest
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,10 @@ class SeenVolume:
                 log.warning("%s: a rollback of the store will not be detected", exc)
             self._warned = True
             return None
+
+    def check_load(self, recorded: Recorded | None, loaded: Loaded) -> None:
+        """check() of what was just loaded: its generation, and the store's segments."""
+        self.check(recorded, loaded.live.generation, partial(segment_digest, loaded))
 
     def check(
         self,
