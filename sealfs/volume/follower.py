@@ -43,6 +43,9 @@ from sealfs.volume.loader import Loaded, fetch_new_segments, read_header
 log = logging.getLogger("sealfs.volume")
 
 FOLLOW_BATCH = 256  # segments fetched per look at the store, at most (a long outage's backlog)
+# Every this many looks in a row that find nothing new, one also looks a few generations
+# further on, for a segment the store lost or hides while it keeps the later ones.
+GAP_PROBE_LOOKS = 60
 # Unlocks a header with the secret the mount was unlocked with, read again (blocking).
 UnlockAgain = Callable[[bytes], Unlocked]
 REKEYED = "the volume was rekeyed"
@@ -73,6 +76,7 @@ class Follower:
         self._key_retry = RetryLog("unlocking the rekey's new header", logging.WARNING)
         self._next_key_try = -math.inf  # time.monotonic() after which the unlock is tried
         self.stopped: str | None = None  # why this mount no longer follows, once it does not
+        self._empty_looks = 0  # looks in a row that found nothing new
 
     def failing(self) -> list[tuple[str, Failing]]:
         """What keeps this mount behind the writer for now, and retried: its looks at the
@@ -94,6 +98,7 @@ class Follower:
             await self._drop_retired_once_unused()
         while self.stopped is None:
             tried_under = self._loaded.keys.epoch
+            past_a_gap = self._empty_looks >= GAP_PROBE_LOOKS
             try:
                 # Abandoned on unmount: a look at a store that stopped answering waits up to
                 # --store-timeout, and a read-only mount has nothing to finish before it ends.
@@ -101,6 +106,7 @@ class Follower:
                     fetch_new_segments,
                     self._loaded,
                     FOLLOW_BATCH,
+                    past_a_gap,
                     limiter=self._limiter,
                     abandon_on_cancel=True,
                 )
@@ -115,6 +121,7 @@ class Follower:
                 self._stop(str(exc))
                 return
             self._retry_log.succeeded()
+            self._empty_looks = 0 if batch or past_a_gap else self._empty_looks + 1
             if not batch:
                 return
             for name, logged in batch:

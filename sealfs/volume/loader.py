@@ -238,16 +238,22 @@ def _replay_log(
             previous = sealed
 
 
-def fetch_new_segments(loaded: Loaded, limit: int) -> list[tuple[str, LoggedSegment]]:
+def fetch_new_segments(
+    loaded: Loaded, limit: int, past_a_gap: bool = False
+) -> list[tuple[str, LoggedSegment]]:
     """Up to limit segments after the live state's generation, each opened and checked.
 
     For a read-only mount following the writer: it runs in a worker thread while
     the state stands still, and replay_new_segment applies them on the FUSE loop.
     The segments before one that fails are returned; the next call raises its error.
+    past_a_gap: if the next segment is not there, look for later ones too (see
+    _past_a_gap); one found is returned alone, and its replay names the gap.
     """
     got: list[tuple[str, LoggedSegment]] = []
     state = loaded.live
     names = _new_segment_names(loaded.store, state.generation + 1, limit)
+    if not names and past_a_gap:
+        names = _past_a_gap(loaded.store, state.generation + 1, limit)
     if not names:
         return got  # nothing new, as at most looks
     with contextlib.closing(
@@ -300,7 +306,7 @@ def _new_segment_names(store: ObjectStore, first: int, limit: int) -> list[str]:
     (a round trip each on S3, where a stat per segment would be n). A store that
     hides one segment and keeps later ones shows the look nothing from it on (its
     fetch fails, the next look finds it missing), as one that hides every new
-    segment would; the next mount's replay finds the gap.
+    segment would, until a look asks for _past_a_gap.
     """
     found = 0  # the segments first .. first + found - 1 are there
     past = limit + 1  # the count at which one is known missing, or past the limit
@@ -312,6 +318,26 @@ def _new_segment_names(store: ObjectStore, first: int, limit: int) -> list[str]:
         else:
             past, doubling = probe, False
     return [segment_name(first + k) for k in range(found)]
+
+
+def _past_a_gap(store: ObjectStore, first: int, limit: int) -> list[str]:
+    """[The name of a segment after generation first], if the store holds one and not
+    first's; else [].
+
+    Stats at 1, 2, 4, ... generations past first, below limit: a look finds new
+    segments by stats from first on, so a store that lost or hides that one segment
+    but keeps the later ones showed a follower nothing, for good, where a listing
+    named the gap. A few stats, which a follower makes only now and then, find any
+    gap the writer has since committed about as much again past. The writer creates
+    each segment after the one before, so first, asked for again once a later one is
+    seen, is there unless the store lacks it.
+    """
+    distance = 1
+    while distance < limit:
+        if _exists(store, segment_name(first + distance)):
+            return [] if _exists(store, segment_name(first)) else [segment_name(first + distance)]
+        distance *= 2
+    return []
 
 
 def _segments_after(

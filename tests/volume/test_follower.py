@@ -335,6 +335,32 @@ async def test_a_look_that_finds_a_few_new_commits_does_not_list_the_log(
         assert store.lists == 0
 
 
+async def test_a_segment_the_store_hides_while_it_keeps_later_ones_stops_the_follower(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look finds new segments by stats from the next generation on, so a store that
+    lost or hid that one segment but kept the writer's later ones showed it nothing, for
+    good, and the mount stayed behind without a word, where the listing it replaced
+    named the gap. Every GAP_PROBE_LOOKS looks that find nothing, one also stats a few
+    generations further on."""
+    monkeypatch.setattr(follower, "GAP_PROBE_LOOKS", 3)
+    async with mounted(volume_store) as writer, mounted(volume_store, **IDLE) as reader:
+        await mkfile(writer, ROOT_INO, b"seen", b"x")
+        await writer.fsync()
+        assert reader.follower is not None
+        await reader.follower.catch_up()
+        seen = reader.meta.generation
+        for k in range(3):
+            await mkfile(writer, ROOT_INO, b"after%d" % k, b"y")
+            await writer.fsync()
+        volume_store.delete(segment_name(seen + 1))
+        await reader.follower.catch_up()  # a look finds nothing, as it would anyway
+        assert reader.follower.stopped is None
+        for _ in range(follower.GAP_PROBE_LOOKS):
+            await reader.follower.catch_up()
+        await _stays_at(reader, seen, f"log generation {seen + 1} is missing", caplog)
+
+
 @pytest.mark.parametrize("commits", [16, 40])
 async def test_a_look_that_finds_many_new_commits_does_not_list_the_log_either(
     volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch, commits: int
