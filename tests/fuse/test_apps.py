@@ -126,6 +126,50 @@ def test_sqlite_wal_survives_remount_without_checkpoint(mounted_env: VolumeEnv) 
             con.close()
 
 
+_SQLITE_WRITER = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+con.execute("PRAGMA busy_timeout=60000")
+con.execute("PRAGMA synchronous=NORMAL")
+for n in range(40):
+    con.execute("BEGIN IMMEDIATE")
+    con.execute("INSERT INTO t (writer, n) VALUES (?, ?)", (int(sys.argv[2]), n))
+    con.execute("UPDATE total SET v = v + 1")
+    con.execute("COMMIT")
+con.close()
+"""
+
+
+def test_sqlite_wal_written_by_several_processes_at_once(mounted_env: VolumeEnv) -> None:
+    """Processes sharing one WAL database (its -shm mapped by each, POSIX locks between
+    them, busy_timeout) lose no transaction."""
+    path = mounted_env.mnt / "shared.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (writer INTEGER, n INTEGER, PRIMARY KEY (writer, n))")
+    con.execute("CREATE TABLE total (v INTEGER)")
+    con.execute("INSERT INTO total VALUES (0)")
+    con.commit()
+    con.close()
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _SQLITE_WRITER, str(path), str(w)])
+        for w in range(3)
+    ]
+    assert [w.wait(60) for w in writers] == [0] * 3
+    check_every_transaction(path)
+    remount(mounted_env)
+    check_every_transaction(path)
+
+
+def check_every_transaction(path: Path) -> None:
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert con.execute("SELECT count(*), (SELECT v FROM total) FROM t").fetchone() == (120, 120)
+    finally:
+        con.close()
+
+
 # -- git ---------------------------------------------------------------------------------
 
 

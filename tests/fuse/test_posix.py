@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import random
+import signal
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -1166,6 +1168,76 @@ def test_parallel_writers_and_readers(mounted_env: VolumeEnv) -> None:
     for k in range(8):
         assert hashlib.sha256((mnt / f"w{k}").read_bytes()).digest() == digests[k]
     assert sorted((mnt / "shared.log").read_bytes().splitlines()) == sorted(lines)
+
+
+_LOCK_HOLDER = """
+import fcntl, os, sys
+whole = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+ranged = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(whole, fcntl.LOCK_EX)
+fcntl.lockf(ranged, fcntl.LOCK_EX, 5, 10)
+print("held", flush=True)
+sys.stdin.readline()
+os.close(whole)
+print("closed", flush=True)
+sys.stdin.readline()
+"""
+
+_COUNTER = """
+import fcntl, os, sys
+lock, counter = sys.argv[1], sys.argv[2]
+for _ in range(50):
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    c = os.open(counter, os.O_RDWR | os.O_CREAT, 0o644)
+    value = int(os.pread(c, 20, 0) or b"0")
+    os.pwrite(c, b"%20d" % (value + 1), 0)
+    os.close(c)
+    os.close(fd)
+"""
+
+
+def test_advisory_locks_exclude_other_processes_until_close_or_exit(
+    mounted_env: VolumeEnv,
+) -> None:
+    """flock and POSIX record locks on the mount work between processes as on ext4, and
+    the filelock pattern (lock, read what the last holder wrote, write, unlock) loses
+    no update: the kernel keeps the locks, the daemon must show each holder's writes."""
+    mnt = mounted_env.mnt
+    whole, ranged = mnt / "whole.lock", mnt / "ranged.lock"
+    with subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(whole), str(ranged)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        a, b = os.open(whole, os.O_RDWR), os.open(ranged, os.O_RDWR)
+        try:
+            assert_errno(errno.EWOULDBLOCK, fcntl.flock, a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with pytest.raises(OSError) as info:
+                fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 12)
+            assert info.value.errno in (errno.EAGAIN, errno.EACCES)
+            fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 0)  # a range nobody holds
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline() == "closed\n"
+            fcntl.flock(a, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the holder's close
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(10)
+            fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 12)  # released by its exit
+        finally:
+            os.close(a)
+            os.close(b)
+            holder.kill()
+    counter = mnt / "counter"
+    workers = [
+        subprocess.Popen([sys.executable, "-c", _COUNTER, str(mnt / "counter.lock"), str(counter)])
+        for _ in range(4)
+    ]
+    assert [w.wait(30) for w in workers] == [0] * 4
+    assert int(counter.read_bytes()) == 200
+    remount(mounted_env)
+    assert int(counter.read_bytes()) == 200
 
 
 # -- extended attributes -----------------------------------------------------------------
