@@ -77,7 +77,9 @@ class DirHandle:
     """An open directory: the listing a pass of readdir pages through."""
 
     ino: int
-    names: list[bytes]  # in listing order; each is looked up when its page is served
+    # In listing order; each is looked up when its page is served. None until a pass
+    # begins: at offset 0, or at whatever offset the handle's first readdir asks for.
+    names: list[bytes] | None = None
 
 
 class Volume:
@@ -875,7 +877,7 @@ class Volume:
         self._dir(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = DirHandle(ino, [])
+        self._handles[fh] = DirHandle(ino)
         self._opens[ino] = self._opens.get(ino, 0) + 1
         return fh
 
@@ -884,9 +886,11 @@ class Volume:
 
         A pass starts at index 0 and takes the listing then: rewinddir(3) must show
         the directory as it is now (the listing taken at opendir showed a poller
-        the names of its first pass forever). At most limit entries: a caller that
-        takes a page at a time must not pay for the rest of the directory on every
-        page (quadratic in its size).
+        the names of its first pass forever). So does a handle's first readdir at
+        any offset: a directory opened again to resume where an earlier handle
+        stopped (as ext4's cookies allow) read as ending there. At most limit
+        entries: a caller that takes a page at a time must not pay for the rest of
+        the directory on every page (quadratic in its size).
 
         The listing fixes only the order (so offsets stay stable); each name is
         looked up again when its page is served. The kernel makes a dentry of every
@@ -899,7 +903,7 @@ class Volume:
             raise FsError(errno.EBADF)
         directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
         entries = (directory.entries if directory is not None else None) or {}
-        if start == 0:
+        if start == 0 or handle.names is None:
             handle.names = self._listing(handle.ino) if entries else []
         names = handle.names
         out = []
