@@ -52,6 +52,25 @@ def put_inode(inode: Inode, **changes: Any) -> Op:
     return op
 
 
+def wire_size(op: Op) -> int:
+    """About how many bytes a record takes in a segment, never much less: its byte
+    strings, nine per other field (msgpack's largest integer), 64 per extent row.
+
+    What bounds the records awaiting a commit (a change waits past the bound): a
+    segment a mount cannot read would lose the volume, so an estimate a little high
+    is the safe side.
+    """
+    size = 1
+    for value in op:
+        if type(value) is bytes:
+            size += len(value) + 5
+        elif type(value) is list:
+            size += 64 * len(value)  # a DATA record's extent rows
+        else:
+            size += 9
+    return size
+
+
 def size_set_by(op: Op) -> int | None:
     """The file size a PUT_INODE or DATA record leaves its inode with; None for others."""
     if op[0] == PUT_INODE:

@@ -152,6 +152,9 @@ class Committer:
         self._limiter = limiter
         self.interval = interval
         self.pending: list[ops.Op] = []
+        # About what the records in pending take encoded (ops.wire_size), which changes wait
+        # on past a bound (Volume._may_change). Early flushes' records count too.
+        self.pending_record_bytes = 0
         # The batch of the commit in flight: taken from pending at the cut, not durable
         # until its segment is published (status counts it as pending).
         self.committing: list[ops.Op] = []
@@ -216,6 +219,7 @@ class Committer:
     def record(self, op: ops.Op) -> None:
         """Apply a record to the live state and queue it for the next commit."""
         record(self._live, self.pending, op)
+        self.pending_record_bytes += ops.wire_size(op)
 
     def has_work(self, besides: ops.Op | None = None) -> bool:
         """Whether records or dirty bytes wait for a commit (besides that one record)."""
@@ -318,7 +322,7 @@ class Committer:
                 # commit's uploads would each wait the whole store timeout again (as
                 # those of its other files would, see _flush_all). Nothing is taken yet.
                 raise StoreUnavailableError(str(self._early_gave_up))
-            batch, self.pending = self.pending, []
+            batch, self.pending, self.pending_record_bytes = self.pending, [], 0
             self._cut = self._started
             self.committing = batch
             jobs = [job for ino in self._files.dirty_inodes() if (job := self._detach(ino, batch))]
@@ -332,6 +336,7 @@ class Committer:
                 await self._write_segment(batch)
         except BaseException:
             self.pending[:0] = batch  # nothing recorded is ever dropped; retried next time
+            self.pending_record_bytes += sum(map(ops.wire_size, batch))
             raise
         finally:
             self.committing = []
@@ -410,6 +415,7 @@ class Committer:
             # gate): a data record after it would name a missing inode at replay.
             produced = [op for op in produced if op[0] != ops.DATA]
         self.pending.extend(produced)
+        self.pending_record_bytes += sum(map(ops.wire_size, produced))
         return True
 
     def _raise_if_gave_up_since(self, before: StoreUnavailableError | None) -> None:

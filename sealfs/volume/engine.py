@@ -77,7 +77,9 @@ class DirHandle:
     """An open directory: the listing a pass of readdir pages through."""
 
     ino: int
-    names: list[bytes]  # in listing order; each is looked up when its page is served
+    # In listing order; each is looked up when its page is served. None until a pass
+    # begins: at offset 0, or at whatever offset the handle's first readdir asks for.
+    names: list[bytes] | None = None
 
 
 class Volume:
@@ -281,8 +283,26 @@ class Volume:
         if self.commits.stopped is not None or self.read_only:
             raise FsError(errno.EROFS)
 
+    async def _may_change(self) -> None:
+        """Before a request changes anything: wait while the records awaiting a commit
+        pass max_pending_records, then refuse a read-only or stopped volume (EROFS).
+
+        Records are metadata, which the writers' back-pressure never bounded: an agent
+        setting 64 KiB xattrs through the mount outran the commits, whose segments grew
+        to 147 MB, 506 MB, then 1.9 GB within 40 s (the daemon at 8.8 GB of RSS), and
+        the next would have passed the 2 GiB a mount reads (codec.MAX_METADATA_SIZE):
+        its fsync succeeded, and every later mount failed. The request waits as an
+        fsync does, and fails as one (EIO, ENOSPC), having changed nothing, if that
+        commit fails.
+        """
+        while self.commits.pending_record_bytes > self.options.max_pending_records:
+            await self.fsync()
+        self._writable()
+
     def _record(self, op: ops.Op) -> None:
         self.commits.record(op)
+        if self.commits.pending_record_bytes > self.options.max_pending_records // 2:
+            self.commits.kick()  # a commit under way before changes have to wait
         if op[0] in _LISTING_CHANGES:
             self._listings.pop(op[1], None)  # a directory whose names changed, or is gone
 
@@ -413,7 +433,7 @@ class Volume:
 
     # -- creating nodes ----------------------------------------------------------------
 
-    def _new_node(
+    async def _new_node(
         self,
         parent: int,
         name: bytes,
@@ -424,7 +444,7 @@ class Volume:
         rdev: int = 0,
         target: bytes = b"",
     ) -> Inode:
-        self._writable()
+        await self._may_change()
         _check_name(name)
         pdir = self._dir(parent)
         assert pdir.entries is not None
@@ -458,26 +478,27 @@ class Volume:
             stat.S_IFBLK,
         ):
             raise FsError(errno.EINVAL)
-        return self._attr(self._new_node(parent, name, mode, uid, gid, rdev=rdev))
+        return self._attr(await self._new_node(parent, name, mode, uid, gid, rdev=rdev))
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
-        return self._attr(self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+        node = await self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid)
+        return self._attr(node)
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
         if len(target) > 4095:
             raise FsError(errno.ENAMETOOLONG)
         return self._attr(
-            self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target)
+            await self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target)
         )
 
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
     ) -> tuple[int, Attr]:
-        inode = self._new_node(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        inode = await self._new_node(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
         return self._open_handle(inode.ino, flags), self._attr(inode)
 
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
-        self._writable()
+        await self._may_change()
         _check_name(new_name)
         inode = self.inode(ino)
         if inode.is_dir:
@@ -496,13 +517,13 @@ class Volume:
     # -- removing nodes ----------------------------------------------------------------
 
     async def unlink(self, parent: int, name: bytes) -> None:
-        self._remove(parent, name, want_dir=False)
+        await self._remove(parent, name, want_dir=False)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
-        self._remove(parent, name, want_dir=True)
+        await self._remove(parent, name, want_dir=True)
 
-    def _remove(self, parent: int, name: bytes, *, want_dir: bool) -> None:
-        self._writable()
+    async def _remove(self, parent: int, name: bytes, *, want_dir: bool) -> None:
+        await self._may_change()
         _check_name(name)
         pdir = self._dir(parent)
         assert pdir.entries is not None
@@ -553,7 +574,7 @@ class Volume:
     async def rename(
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
     ) -> None:
-        self._writable()
+        await self._may_change()
         _check_name(old_name)
         _check_name(new_name)
         if (
@@ -644,7 +665,7 @@ class Volume:
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
     ) -> Attr:
-        self._writable()
+        await self._may_change()
         inode = self.inode(ino)
         now = time.time_ns()
         if size is not None:
@@ -697,7 +718,7 @@ class Volume:
         if flags & os.O_TRUNC and inode.is_reg:
             # As Linux does: whatever the access mode (the kernel checked for write
             # permission), and mtime and ctime change even if the file was empty.
-            self._writable()
+            await self._may_change()
             # The kernel hands O_TRUNC to the daemon (atomic_o_trunc) and, unlike for
             # truncate(2), clears no set-ID bit itself: as should_remove_suid does,
             # set-user-ID always, set-group-ID when group-executable.
@@ -856,7 +877,7 @@ class Volume:
         self._dir(ino)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = DirHandle(ino, [])
+        self._handles[fh] = DirHandle(ino)
         self._opens[ino] = self._opens.get(ino, 0) + 1
         return fh
 
@@ -865,9 +886,11 @@ class Volume:
 
         A pass starts at index 0 and takes the listing then: rewinddir(3) must show
         the directory as it is now (the listing taken at opendir showed a poller
-        the names of its first pass forever). At most limit entries: a caller that
-        takes a page at a time must not pay for the rest of the directory on every
-        page (quadratic in its size).
+        the names of its first pass forever). So does a handle's first readdir at
+        any offset: a directory opened again to resume where an earlier handle
+        stopped (as ext4's cookies allow) read as ending there. At most limit
+        entries: a caller that takes a page at a time must not pay for the rest of
+        the directory on every page (quadratic in its size).
 
         The listing fixes only the order (so offsets stay stable); each name is
         looked up again when its page is served. The kernel makes a dentry of every
@@ -880,7 +903,7 @@ class Volume:
             raise FsError(errno.EBADF)
         directory = self.meta.inodes.get(handle.ino)  # gone if removed while open
         entries = (directory.entries if directory is not None else None) or {}
-        if start == 0:
+        if start == 0 or handle.names is None:
             handle.names = self._listing(handle.ino) if entries else []
         names = handle.names
         out = []
@@ -932,7 +955,7 @@ class Volume:
         return [name for name in names if not name.startswith(xattrs.XATTR_TRUSTED)]
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        self._writable()
+        await self._may_change()
         inode = self.inode(ino)
         xattrs.check_name(name)
         if len(value) > xattrs.XATTR_SIZE_MAX:
@@ -960,7 +983,7 @@ class Volume:
         self._record(ops.put_inode(inode, mode=mode, ctime_ns=time.time_ns()))
 
     async def removexattr(self, ino: int, name: bytes) -> None:
-        self._writable()
+        await self._may_change()
         inode = self.inode(ino)
         xattrs.check_name(name)
         if name in xattrs.POSIX_ACL_XATTRS:

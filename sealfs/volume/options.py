@@ -15,3 +15,4 @@ class VolumeOptions:
     flush_threshold: int = 32 << 20  # buffered bytes that start an early flush
     max_buffered: int = 64 << 20  # buffered bytes at which writers wait
     max_dirty_files: int = 2048  # files with unsealed bytes at which writers wait
+    max_pending_records: int = 64 << 20  # bytes of records awaiting a commit at which changes wait

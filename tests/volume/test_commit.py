@@ -39,6 +39,7 @@ from sealfs.store.memory import MemoryStore
 from sealfs.volume import committer, filedata
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
+from sealfs.volume.options import VolumeOptions
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
 from tests.volume.test_engine import (
     GID,
@@ -1219,6 +1220,36 @@ async def test_writers_wait_while_a_commit_stores_its_quota_of_small_files(
         assert max(carried) <= quota + 1
     state = load(memory_store)
     assert len(state.inodes[ROOT_INO].entries or {}) == 6 * quota + 1
+
+
+async def test_changes_wait_for_a_commit_once_the_records_it_would_carry_pass_the_bound(
+    faulty: FaultyStore,
+) -> None:
+    """Regression: nothing bounded the records awaiting a commit. An agent setting 64 KiB
+    xattrs through a mount outran the commits, whose segments grew to 147 MB, 506 MB,
+    then 1.9 GB within 40 s (the daemon at 8.8 GB of RSS): the next one would have
+    passed the 2 GiB a mount reads (codec.MAX_METADATA_SIZE), its fsync succeeding and
+    every later mount failing. Past max_pending_records a change waits for a commit,
+    and fails as an fsync does, having changed nothing, if that commit fails."""
+    bound = 256 << 10
+    size = 64 << 10
+    value = os.urandom(size)  # incompressible: a segment is as large as its records
+    async with session(faulty, max_pending_records=bound, **QUIET) as v:  # type: ignore[arg-type]
+        files = [await mkfile(v, ROOT_INO, b"f%d" % k) for k in range(4)]
+        for ino in files:
+            for n in range(15):
+                await v.setxattr(ino, b"user.k%d" % n, value)
+        last = await mkfile(v, ROOT_INO, b"last")
+        faulty.fail_next("put_if_absent", SEGMENT_PREFIX, "unavailable")
+        with pytest.raises(StoreError):
+            for n in range(15):
+                await v.setxattr(last, b"user.k%d" % n, value)
+        assert len(v.inode(last).xattrs) == n  # the request that failed set nothing
+    sizes = [len(faulty.inner.get(name)) for name in segments(faulty.inner)]
+    assert max(sizes) < bound + 2 * size, sizes  # the bound, and a request past it
+    state = load(faulty.inner)
+    assert all(len(state.inodes[ino].xattrs) == 15 for ino in files)
+    assert VolumeOptions().max_pending_records * 16 <= codec.MAX_METADATA_SIZE
 
 
 async def test_writers_waiting_for_buffer_space_fail_once_the_volume_is_fenced(

@@ -773,6 +773,25 @@ async def test_readdir_serves_names_as_they_are_now_not_as_the_pass_began(
         await v.releasedir(fh)
 
 
+async def test_a_directory_opened_again_resumes_at_an_offset_an_earlier_handle_gave(
+    volume_store: ObjectStore,
+) -> None:
+    """Regression: a handle whose first readdir did not start at offset 0 read nothing:
+    only a pass from 0 took the listing. A program that kept a position (telldir, or
+    a d_off), closed the directory and opened it again to resume there, as ext4's
+    cookies allow, was told the directory ended (10,002 entries: 20 read, 0 resumed)."""
+    async with session(volume_store) as v:
+        for k in range(6):
+            await mkfile(v, ROOT_INO, b"f%d" % k)
+        fh = await v.opendir(ROOT_INO)
+        offset = (await v.readdir(fh, 0, 2))[-1].next_index
+        await v.releasedir(fh)
+        again = await v.opendir(ROOT_INO)
+        assert [e.name for e in await v.readdir(again, offset)] == [b"f2", b"f3", b"f4", b"f5"]
+        await v.releasedir(again)
+        await forget_all(v)
+
+
 async def test_open_listings_of_an_unchanged_directory_share_one_copy_of_its_names(
     volume_store: ObjectStore,
 ) -> None:
