@@ -25,6 +25,7 @@ import pyfuse3
 import trio
 
 from sealfs.errors import ConfigError, MountpointBusyError, SealfsError, first_leaf
+from sealfs.fuse import conncaps
 from sealfs.fuse.operations import Operations
 from sealfs.volume.engine import Volume
 
@@ -77,10 +78,16 @@ def _mount(volume: Volume, mountpoint: str, *, allow_other: bool, log_file: str 
     # a dead mount left behind. serve() handles them; until then they are ignored.
     for signum in (signal.SIGHUP, signal.SIGQUIT, *_IGNORED):
         signal.signal(signum, signal.SIG_IGN)
+    conncaps.decline_for(volume.read_only)
     try:
         pyfuse3.init(Operations(volume, log_file), mountpoint, options)
     except RuntimeError as exc:
         raise ConfigError(f"cannot mount on {mountpoint}: {exc}") from None
+    try:
+        conncaps.check_declined()
+    except ConfigError:
+        pyfuse3.close(unmount=True)
+        raise
 
 
 _held: list[int] = []  # ending signals met before serve() could handle them

@@ -1639,3 +1639,43 @@ def test_tree_manifest_survives_remount(mounted_env: VolumeEnv) -> None:
     assert after == before
     remount(mounted_env)
     assert manifest(root) == before
+
+
+def test_an_open_with_o_trunc_never_cuts_another_thread_s_write_in_two(
+    mounted_env: VolumeEnv,
+) -> None:
+    """The kernel sends a write(2) that begins inside a page in more than one request.
+    With libfuse's default atomic_o_trunc, an open with O_TRUNC truncated in the daemon
+    without waiting for that write, so it could land between two of its requests: 10 KB
+    written at offset 100 left zeros up to 4096 and its rest after them in 20 of 100
+    rounds. ext4 orders the two, as the mount now does (sealfs.fuse.conncaps)."""
+    path = mounted_env.mnt / "truncated"
+    written = b"w" * 10_000
+    whole = {b"", b"h" * 100 + written, bytes(100) + written}  # as ext4 leaves it
+    rounds, start, done = 100, threading.Barrier(2), threading.Barrier(2)
+
+    def write_each_round() -> None:
+        for _ in range(rounds):
+            start.wait()
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, written, 100)
+            finally:
+                os.close(fd)
+            done.wait()
+
+    writer = threading.Thread(target=write_each_round, daemon=True)
+    writer.start()
+    rng = random.Random(3)
+    cut = []
+    for k in range(rounds):
+        path.write_bytes(b"h" * 100)
+        start.wait(timeout=30)
+        time.sleep(rng.random() * 0.0005)
+        os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))
+        done.wait(timeout=30)
+        content = path.read_bytes()
+        if content not in whole:
+            cut.append((k, len(content), content.count(0), content.find(b"w")))
+    writer.join(30)
+    assert cut == [], f"{len(cut)} of {rounds} rounds cut (round, size, zeros, first written byte)"
