@@ -31,10 +31,11 @@ static unsigned declined;
 static int interposed;
 static void (*wrapped_init)(void *, struct fuse_conn_info *);
 
-/* The capability bits (FUSE_CAP_*) the next session must not ask for. */
-void sealfs_decline_caps(unsigned caps)
+/* Whether the next session declines the two capabilities (a writable mount) or
+ * keeps libfuse's defaults (a read-only one, which follows changes made elsewhere). */
+void sealfs_decline_for_writes(int writable)
 {
-    declined = caps;
+    declined = writable ? FUSE_CAP_AUTO_INVAL_DATA | FUSE_CAP_ATOMIC_O_TRUNC : 0;
 }
 
 /* Whether fuse_session_new went through here (else nothing was declined). */

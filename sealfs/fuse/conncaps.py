@@ -14,10 +14,6 @@ from pathlib import Path
 
 from sealfs.errors import ConfigError
 
-# FUSE_CAP_* bits (fuse_common.h), as the connection's `want` holds them.
-ATOMIC_O_TRUNC = 1 << 3
-AUTO_INVAL_DATA = 1 << 12
-
 
 def _load() -> ctypes.CDLL | None:
     here = Path(__file__).parent
@@ -49,7 +45,7 @@ def decline_for(read_only: bool) -> None:
     elsewhere and needs auto_inval_data to drop the pages of files that changed
     (see Operations._file_info); it writes nothing, so it keeps the defaults.
     """
-    _loaded().sealfs_decline_caps(0 if read_only else ATOMIC_O_TRUNC | AUTO_INVAL_DATA)
+    _loaded().sealfs_decline_for_writes(not read_only)
 
 
 def check_declined() -> None:
