@@ -50,13 +50,12 @@ from sealfs.meta.codec import (
 from sealfs.meta.compact import compact
 from sealfs.store.base import ObjectStore
 from sealfs.volume.buffers import SparseBuffer
-from sealfs.volume.chunks import RESERVED_WORKERS
+from sealfs.volume.chunks import RESERVED_WORKERS, small_batch_size
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
 
 log = logging.getLogger("sealfs.volume")
 
-SMALL_BATCH = 256  # small files sealed per worker-thread call
 SNAPSHOT_AT_CLOSE_OPS = 2_000  # a clean unmount leaves a snapshot when the log grew this much
 SNAPSHOT_EVERY_OPS = 50_000
 SNAPSHOT_EVERY_BYTES = 32 << 20
@@ -660,20 +659,6 @@ def _fenced(generation: int) -> FencedError:
         f"another writer committed generation {generation} first: this mount"
         " was taken over (fenced) and is now read-only; unmount it"
     )
-
-
-def small_batch_size(count: int, workers: int) -> int:
-    """Small files per worker-thread call when a commit seals count of them.
-
-    A worker seals and uploads its batch one file after another, so a batch
-    costs a store round trip per file. 300 small files made two batches, one
-    worker sent 256 PUTs in a row while six others stood idle, and the fsync
-    waited 15.6 s behind 25 ms of latency each way. Spread over the workers
-    (at most SMALL_BATCH each, still one thread hop per batch on a local store)
-    the same commit sends eight PUTs at a time. The caller leaves out the
-    workers kept for demand reads (RESERVED_WORKERS), as prefetches do.
-    """
-    return max(1, min(SMALL_BATCH, -(-count // max(1, workers))))
 
 
 def _drop_old_snapshots(store: ObjectStore) -> None:

@@ -36,7 +36,7 @@ from sealfs.meta import ops
 from sealfs.meta.extents import Extent, ExtentMap
 from sealfs.meta.model import ChunkInfo, Inode, MetaState
 from sealfs.volume.buffers import BlockPool, SparseBuffer
-from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, chunk_name
+from sealfs.volume.chunks import AnyOf, Chunks, OnUnavailable, chunk_name, small_batch_size
 
 log = logging.getLogger("sealfs.volume")
 
@@ -46,7 +46,7 @@ WINDOW = 16 << 20  # bytes cut per CDC pass while streaming a flush
 # three in flight (366 MB/s cold, random data), 8-16 MiB gave 465-483 MB/s,
 # 32 MiB (the whole chunk cache) evicted chunks before they were read (330 MB/s).
 READAHEAD = 12 << 20
-MAX_JOBS = 6  # chunks being sealed or uploaded at once per flush
+MAX_JOBS = 6  # chunks (or batches of small ones) sealed or uploaded at once per flush
 FRAGMENT = MIN_CHUNK // 4  # a piece this short merges with a write inside the file
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
@@ -384,17 +384,28 @@ class FileData:
         data_ops: list[ops.Op] = []
         tail = SparseBuffer()
         forced = self.forced.get(inode.ino)
-        for region in regions:
-            at_eof = region.end >= job.size
-            extents, kept = await self._seal_region(
-                region,
-                job.data,
-                inode.extents,
-                fresh,
-                at_eof=at_eof,
-                keep_tail=keep_tail,
-                on_unavailable=on_unavailable,
+        small = [(k, region) for k, region in enumerate(regions) if _is_small(region)]
+        sealed: dict[int, tuple[list[Extent], bytes]] = {}
+        slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by chunks in flight
+        async with _typed_nursery() as nursery:
+            nursery.start_soon(
+                self._seal_small_regions, job, small, fresh, sealed, slots, on_unavailable
             )
+            for k, region in enumerate(regions):
+                if not _is_small(region):
+                    sealed[k] = await self._seal_region(
+                        region,
+                        job.data,
+                        inode.extents,
+                        fresh,
+                        slots,
+                        at_eof=region.end >= job.size,
+                        keep_tail=keep_tail,
+                        on_unavailable=on_unavailable,
+                    )
+        for k, region in enumerate(regions):
+            at_eof = region.end >= job.size
+            extents, kept = sealed[k]
             end = region.end - len(kept)
             data_ops.append(ops.data(inode.ino, region.start, end, extents, job.size))
             if kept:
@@ -419,20 +430,64 @@ class FileData:
         if all(e is None or e.chunk != old.chunk for e in ends):
             self._chunks.cache.discard(old.chunk)
 
+    async def _seal_small_regions(
+        self,
+        job: Detached,
+        regions: list[tuple[int, Region]],
+        fresh: dict[bytes, ChunkInfo],
+        sealed: dict[int, tuple[list[Extent], bytes]],
+        slots: trio.Semaphore,
+        on_unavailable: OnUnavailable,
+    ) -> None:
+        """Seal (key, region) pairs of regions shorter than MIN_CHUNK in batches, each
+        into sealed[key] as _seal_region would return it.
+
+        CDC cuts nothing inside so short a region (it is one chunk, kept back never), so
+        each needs only its upload, and store_many takes a batch of them per worker
+        call. One at a time, the CDC pass and the upload of each cost two worker-thread
+        round trips: 2,000 random 4 KiB writes to a 256 MiB file took a 2.0 s fsync.
+        """
+        assert job.inode.extents is not None
+        extents = job.inode.extents
+        known = AnyOf(self._meta.chunks, fresh)
+
+        async def store(batch: list[tuple[int, Region]], pieces: list[bytes]) -> None:
+            try:
+                stored = await self._chunks.store_many(pieces, known, on_unavailable)
+            finally:
+                slots.release()
+            for (key, region), piece, chunk in zip(batch, pieces, stored, strict=True):
+                if chunk.uploaded:
+                    fresh[chunk.chunk_id] = ChunkInfo(chunk.plain_size, chunk.stored_size)
+                if region.end >= job.size:  # cut where the data ends, like _seal_region
+                    self._chunks.cache.put(chunk.chunk_id, piece)
+                sealed[key] = ([Extent(region.start, len(piece), chunk.chunk_id, 0)], b"")
+
+        size = small_batch_size(len(regions), self._chunks.store_workers)
+        async with _typed_nursery() as nursery:
+            for batch in _batches(regions, size):
+                await slots.acquire()
+                pieces = [
+                    b"".join([part async for part in self._region_bytes(region, job.data, extents)])
+                    for _, region in batch
+                ]
+                nursery.start_soon(store, batch, pieces)
+
     async def _seal_region(
         self,
         region: Region,
         data: SparseBuffer,
         extents: ExtentMap,
         fresh: dict[bytes, ChunkInfo],
+        slots: trio.Semaphore,
         *,
         at_eof: bool,
         keep_tail: bool,
         on_unavailable: OnUnavailable,
     ) -> tuple[list[Extent], bytes]:
-        """Stream a region through CDC, storing chunks concurrently. Returns extents and tail."""
+        """Stream a region through CDC, storing chunks concurrently (a slot of slots
+        each). Returns extents and tail."""
         out: list[Extent] = []
-        slots = trio.Semaphore(MAX_JOBS)  # bounds the memory held by in-flight chunks
         known = AnyOf(self._meta.chunks, fresh)  # committed or registered, or this flush's
         pos = region.start
 
@@ -667,6 +722,26 @@ def _regions(
         else:
             spans.append([lo, hi])
     return [Region(lo, hi) for lo, hi in spans]
+
+
+def _batches(regions: list[tuple[int, Region]], size: int) -> list[list[tuple[int, Region]]]:
+    """(key, region) pairs in order, split into batches of at most size regions and, but
+    for a single region, at most MAX_CHUNK bytes (the most one chunk job holds)."""
+    out: list[list[tuple[int, Region]]] = []
+    held = 0
+    for key, region in regions:
+        length = region.end - region.start
+        if not out or len(out[-1]) >= size or held + length > MAX_CHUNK:
+            out.append([])
+            held = 0
+        out[-1].append((key, region))
+        held += length
+    return out
+
+
+def _is_small(region: Region) -> bool:
+    """Whether CDC would find no cut inside region (it is a single chunk)."""
+    return region.end - region.start < MIN_CHUNK
 
 
 def _small_hole(extents: ExtentMap, start: int, end: int) -> bool:

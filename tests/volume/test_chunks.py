@@ -9,8 +9,13 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume.chunks import ENTRY_OVERHEAD, MAX_SEALED_CHUNK, RESERVED_WORKERS, PlainCache
-from sealfs.volume.committer import small_batch_size
+from sealfs.volume.chunks import (
+    ENTRY_OVERHEAD,
+    MAX_SEALED_CHUNK,
+    RESERVED_WORKERS,
+    PlainCache,
+    small_batch_size,
+)
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from sealfs.volume.options import VolumeOptions

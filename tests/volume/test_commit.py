@@ -36,6 +36,7 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume import chunks as chunking
 from sealfs.volume import committer, filedata
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
@@ -323,7 +324,7 @@ async def test_a_commit_of_a_few_small_files_uploads_them_in_parallel(
         assert store.overlapped is True
 
 
-@pytest.mark.parametrize("batch", [committer.SMALL_BATCH, 4])
+@pytest.mark.parametrize("batch", [chunking.SMALL_BATCH, 4])
 async def test_a_read_does_not_wait_behind_a_commit_of_many_small_files(
     memory_store: MemoryStore, kdf_params: Argon2Params, monkeypatch: pytest.MonkeyPatch, batch: int
 ) -> None:
@@ -332,7 +333,7 @@ async def test_a_read_does_not_wait_behind_a_commit_of_many_small_files(
     are workers, each batch a PUT after another: a read of another file queued behind
     them all. On S3 behind 30 ms per request, during `cp -a` of 24,000 small files, a
     4 KiB read of a file not in the cache waited 16-31 s for a worker."""
-    monkeypatch.setattr(committer, "SMALL_BATCH", batch)  # 4: 16 batches for 64 files
+    monkeypatch.setattr(chunking, "SMALL_BATCH", batch)  # 4: 16 batches for 64 files
     create_volume(memory_store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     old = os.urandom(300_000)
     async with session(memory_store, **QUIET) as v:
@@ -358,10 +359,10 @@ async def test_a_read_does_not_wait_behind_a_commit_of_many_small_files(
 
 def test_small_batches_spread_over_the_workers_within_the_cap() -> None:
     """Each worker gets a share, no batch is empty, none exceeds SMALL_BATCH."""
-    assert committer.small_batch_size(300, 8) == 38
-    assert committer.small_batch_size(3, 8) == 1
-    assert committer.small_batch_size(100_000, 8) == committer.SMALL_BATCH
-    assert committer.small_batch_size(5, 0) == 5
+    assert chunking.small_batch_size(300, 8) == 38
+    assert chunking.small_batch_size(3, 8) == 1
+    assert chunking.small_batch_size(100_000, 8) == chunking.SMALL_BATCH
+    assert chunking.small_batch_size(5, 0) == 5
 
 
 async def test_background_loop_commits_within_the_interval(volume_store: MemoryStore) -> None:

@@ -21,7 +21,7 @@ from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
-from sealfs.volume.filedata import FRAGMENT, WINDOW, _Windows
+from sealfs.volume.filedata import FRAGMENT, WINDOW, Region, _batches, _Windows
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
 from tests.volume.test_engine import (
@@ -504,6 +504,53 @@ async def test_a_write_takes_in_a_remainder_at_most_twice_its_length(
         assert extents.covering(big.start + end) == rest
         assert await read_all(v, f) == expect
     assert await reads_after_remount(volume_store, f) == expect
+
+
+async def test_small_regions_of_a_flush_are_sealed_in_batches(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: each region of a flush took a CDC pass and an upload of its own, two
+    worker-thread round trips, however short: 2,000 random 4 KiB writes to a 256 MiB file
+    took a 2.0 s fsync (0.95 s now). CDC cuts nothing inside a region shorter than
+    MIN_CHUNK, so such regions go to the store in batches, each in one worker call."""
+    rng = random.Random(11)
+    data = bytearray(stream(21, 16 * MiB))
+    hops: list[str] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await run_sync(fn, *args, **kwargs)
+
+    async with session(volume_store, commit_interval=3600.0) as v:
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await write_stream(v, fh, bytes(data))
+        await v.fsync()
+        for block in rng.sample(range(0, len(data), 128 * 1024), 100):
+            piece = rng.randbytes(4096)
+            await v.write(fh, block + 8192, piece)
+            data[block + 8192 : block + 8192 + 4096] = piece
+        monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+        await v.fsync()
+        monkeypatch.undo()
+        # Before: a CDC pass and an upload per region, 207 calls in all. Now a batch per
+        # worker and a fetch per old chunk read for merging (about 20), and where the
+        # volume's secret cut points make a region at least MIN_CHUNK long, its own two.
+        assert 1 <= hops.count("_seal_and_put_many") <= 12, hops
+        assert len(hops) <= 40, hops
+        assert await v.read(fh, 0, len(data)) == data
+        await v.release(fh)
+    assert await reads_after_remount(volume_store, attr.ino) == data
+
+
+def test_small_region_batches_hold_at_most_a_chunk_s_worth_of_bytes() -> None:
+    """Batches keep the regions' order and the count given; bytes stop one at MAX_CHUNK,
+    the most a chunk job holds, so batches in flight bound memory as chunks do."""
+    regions = [(k, Region(k * MiB, k * MiB + 200 * 1024)) for k in range(50)]
+    batches = _batches(regions, 256)
+    assert [pair for batch in batches for pair in batch] == regions
+    assert [len(batch) for batch in batches] == [20, 20, 10]
+    assert [len(batch) for batch in _batches(regions, 8)] == [8] * 6 + [2]
 
 
 async def test_two_close_writes_of_one_flush_leave_no_fragment_between(
