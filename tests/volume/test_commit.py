@@ -398,6 +398,40 @@ async def test_snapshot_accounting_restarts_after_each_snapshot(
         assert v.commits.snapshot_due()
 
 
+async def test_a_large_snapshot_waits_for_a_log_of_a_share_of_its_size(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a snapshot followed every SNAPSHOT_EVERY_BYTES of log whatever the
+    metadata's size, so a volume holding 570 MB of xattrs was compacted whole after
+    every commit of its agent's 32 MiB. The log must now also hold a quarter of the
+    last snapshot's bytes, at an unmount too."""
+    monkeypatch.setattr(committer, "SNAPSHOT_EVERY_BYTES", 16 * 1024)
+    monkeypatch.setattr(committer, "SNAPSHOT_AT_CLOSE_OPS", 1)
+    async with session(volume_store, **QUIET) as v:
+        v.commits._snapshot_not_before = math.inf  # only this test snapshots
+        f = await mkfile(v, ROOT_INO, b"notes")
+        for k in range(16):
+            await v.setxattr(f, b"user.k%d" % k, os.urandom(16 * 1024))
+        await v.fsync()
+        name = await snapshot_now(v, volume_store)
+        base = len(volume_store.get(name))
+        assert base > 256 * 1024
+        written = 0
+        while (written + 6 * 1024) * committer.SNAPSHOT_LOG_SHARE < base:
+            await v.setxattr(f, b"user.k0", os.urandom(2 * 1024))
+            await v.fsync()
+            written = v.commits._tail_bytes
+            assert written < base // committer.SNAPSHOT_LOG_SHARE
+            assert not v.commits.snapshot_due()
+            assert not v.commits.snapshot_due(closing=True)
+        assert written > 3 * committer.SNAPSHOT_EVERY_BYTES
+        for _ in range(4):
+            await v.setxattr(f, b"user.k1", os.urandom(2 * 1024))
+        await v.fsync()
+        assert v.commits.snapshot_due()
+        assert v.commits.snapshot_due(closing=True)
+
+
 # -- commit failures -------------------------------------------------------------------------
 
 
