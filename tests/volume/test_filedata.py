@@ -19,9 +19,9 @@ from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
-from sealfs.volume.chunks import chunk_name
+from sealfs.volume.chunks import Chunks, chunk_name
 from sealfs.volume.engine import Volume
-from sealfs.volume.filedata import FRAGMENT, WINDOW, Region, _batches, _Windows
+from sealfs.volume.filedata import FRAGMENT, MAX_JOBS, WINDOW, Region, _batches, _Windows
 from sealfs.volume.loader import create_volume
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
 from tests.volume.test_engine import (
@@ -541,6 +541,39 @@ async def test_small_regions_of_a_flush_are_sealed_in_batches(
         assert await v.read(fh, 0, len(data)) == data
         await v.release(fh)
     assert await reads_after_remount(volume_store, attr.ino) == data
+
+
+async def test_a_flush_makes_no_more_small_region_batches_than_it_runs_at_once(
+    volume_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a flush's small regions were cut into a batch per store worker (eight),
+    but a flush has at most MAX_JOBS (six) chunk jobs in flight: the last two batches
+    started only once two others had ended, each a PUT per region in a row. Behind 10 ms
+    per chunk PUT, the fsync of 300 scattered 4 KiB writes took 0.84 s instead of 0.56 s
+    (600 writes: 1.65 s against 1.10 s)."""
+    sizes: list[int] = []
+    store_many = Chunks.store_many
+
+    async def counted(self: Chunks, pieces: list[bytes], *args: Any) -> Any:
+        sizes.append(len(pieces))
+        return await store_many(self, pieces, *args)
+
+    monkeypatch.setattr(Chunks, "store_many", counted)
+    rng = random.Random(12)
+    count = 300
+    writes = {k * MiB: rng.randbytes(4096) for k in range(count)}
+    async with session(volume_store, commit_interval=3600.0) as v:
+        assert v.options.io_threads > MAX_JOBS  # the default: else this tests nothing
+        fh, attr = await v.create(ROOT_INO, b"f", 0o644, RW, UID, GID)
+        await v.setattr(attr.ino, size=count * MiB)  # a hole: each write a region of its own
+        await v.fsync()
+        for offset, piece in writes.items():
+            await v.write(fh, offset, piece)
+        await v.fsync()
+        assert sum(sizes) == count and len(sizes) <= MAX_JOBS, sizes
+        for offset, piece in writes.items():
+            assert await v.read(fh, offset, len(piece)) == piece
+        await v.release(fh)
 
 
 def test_small_region_batches_hold_at_most_a_chunk_s_worth_of_bytes() -> None:
