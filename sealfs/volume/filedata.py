@@ -463,7 +463,9 @@ class FileData:
                     self._chunks.cache.put(chunk.chunk_id, piece)
                 sealed[key] = ([Extent(region.start, len(piece), chunk.chunk_id, 0)], b"")
 
-        size = small_batch_size(len(regions), self._chunks.store_workers)
+        # Sized for the batches that run at once: a batch per store worker (eight) made
+        # more than a flush runs (MAX_JOBS), and the last ones waited for whole batches.
+        size = small_batch_size(len(regions), min(self._chunks.store_workers, MAX_JOBS))
         async with _typed_nursery() as nursery:
             for batch in _batches(regions, size):
                 await slots.acquire()
