@@ -463,16 +463,24 @@ class FileData:
                     self._chunks.cache.put(chunk.chunk_id, piece)
                 sealed[key] = ([Extent(region.start, len(piece), chunk.chunk_id, 0)], b"")
 
+        async def gather(region: Region, pieces: list[bytes], at: int) -> None:
+            async with reads:
+                parts = [part async for part in self._region_bytes(region, job.data, extents)]
+            pieces[at] = b"".join(parts)
+
+        # Old pieces a batch takes in are read side by side: one after another, behind
+        # 20 ms per get, 361 of them held a flush of 1,000 writes 7.4-7.8 s (5.1-5.8 now).
+        reads = trio.CapacityLimiter(MAX_JOBS)  # bounds the old chunks held while read
         # Sized for the batches that run at once: a batch per store worker (eight) made
         # more than a flush runs (MAX_JOBS), and the last ones waited for whole batches.
         size = small_batch_size(len(regions), min(self._chunks.store_workers, MAX_JOBS))
         async with _typed_nursery() as nursery:
             for batch in _batches(regions, size):
                 await slots.acquire()
-                pieces = [
-                    b"".join([part async for part in self._region_bytes(region, job.data, extents)])
-                    for _, region in batch
-                ]
+                pieces = [b""] * len(batch)
+                async with _typed_nursery() as gathering:
+                    for at, (_, region) in enumerate(batch):
+                        gathering.start_soon(gather, region, pieces, at)
                 nursery.start_soon(store, batch, pieces)
 
     async def _seal_region(
