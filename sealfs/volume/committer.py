@@ -525,38 +525,48 @@ class Committer:
             # publish those very bytes again first, so that finding them is not a fence.
             segment, sealed, digest = self._unsure
             assert batch[: len(segment.ops)] == segment.ops  # its records were requeued first
-            await self._publish(segment, sealed, digest)
+            await self._publish(segment, (sealed, digest))
             del batch[: len(segment.ops)]  # committed now: never requeued
             if not batch:
                 return
         generation, head_hash = self.head
-        segment = Segment(generation + 1, head_hash, time.time_ns(), batch)
-        with self._keys.sealing() as keys:  # in use until published: see KeyRing
-            sealed, digest = await trio.to_thread.run_sync(
-                encode_segment, keys, self._volume_id, segment, limiter=self._limiter
-            )
-            await self._publish(segment, sealed, digest)
+        await self._publish(Segment(generation + 1, head_hash, time.time_ns(), batch))
 
-    async def _publish(self, segment: Segment, sealed: bytes, digest: bytes) -> None:
+    async def _publish(self, segment: Segment, sealed: tuple[bytes, bytes] | None = None) -> None:
+        """Seal the segment (unless given its sealed bytes and digest) and publish it.
+
+        Both in one worker call: each hand-off to a thread and back cost about 0.5 ms
+        here, a tenth of a small fsync's commit (docs/design.md, "Performance").
+        """
+        made = [] if sealed is None else [sealed]
+
+        def seal_and_publish() -> None:
+            if made:
+                self._publish_sync(segment.generation, *made[0])
+                return
+            with self._keys.sealing() as keys:  # in use until published: see KeyRing
+                made.append(encode_segment(keys, self._volume_id, segment))
+                self._publish_sync(segment.generation, *made[0])
+
         try:
-            await trio.to_thread.run_sync(
-                self._publish_sync, segment.generation, sealed, digest, limiter=self._limiter
-            )
+            await trio.to_thread.run_sync(seal_and_publish, limiter=self._limiter)
         except WriterStoppedError as exc:  # taken over, or the store lost writes: stop
             self.stopped = exc
             log.error("%s", exc)
             self._files.wake_space_waiters()  # writers waiting for buffer space: EROFS now
             raise
         except BaseException:
-            self._unsure = (segment, sealed, digest)
+            if made:  # sealed, so its create may have landed
+                self._unsure = (segment, *made[0])
             raise
+        data, digest = made[0]
         self._unsure = None
         self.head = (segment.generation, digest)
         self.last_commit_ns = segment.time_ns
         self.segments_written += 1
-        self._tail.append(LoggedSegment(segment, digest, len(sealed)))
+        self._tail.append(LoggedSegment(segment, digest, len(data)))
         self._tail_ops += len(segment.ops)
-        self._tail_bytes += len(sealed)
+        self._tail_bytes += len(data)
 
     def _publish_sync(self, generation: int, sealed: bytes, digest: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
