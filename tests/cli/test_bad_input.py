@@ -381,11 +381,23 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
     assert lines[-1].endswith("--store-timeout sets how long sealfs keeps trying"), lines
 
 
+# Run as `python -c THIS ARGS...`: python ARGS..., with SIGINT at its default action
+# (execv keeps a default or ignored disposition, so it must be reset before it).
+SIGINT_AT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+    " os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     """Regression: an interrupted command exited 2, the code of a usage error."""
     env = {**os.environ, **FAKE_ENV, "XDG_CACHE_HOME": str(tmp_path)}
-    command = [sys.executable, "-m", "sealfs.cli.main", "status", "s3://bucket/volume",
-               "--s3-endpoint", "http://127.0.0.1:1", "--store-timeout", "60"]  # fmt: skip
+    # Started as a terminal starts it, with SIGINT at its default: a child inherits an
+    # ignored SIGINT, and a test run started in the background (`./.ci/run &`) has it
+    # ignored, so sealfs ignored the Ctrl-C as it should and retried for 60 s.
+    command = [sys.executable, "-c", SIGINT_AT_DEFAULT_THEN_EXEC, "-m", "sealfs.cli.main",
+               "status", "s3://bucket/volume", "--s3-endpoint", "http://127.0.0.1:1",
+               "--store-timeout", "60"]  # fmt: skip
     proc = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env,
