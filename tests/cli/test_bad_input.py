@@ -382,7 +382,9 @@ def test_an_unreachable_s3_endpoint_fails_a_command_by_its_store_timeout(
 
 
 # Run as `python -c THIS ARGS...`: python ARGS..., with SIGINT at its default action
-# (execv keeps a default or ignored disposition, so it must be reset before it).
+# (execv keeps a default or ignored disposition, so it must be reset before it). Not a
+# preexec_fn: Python code between fork and exec can deadlock beside the moto server's
+# thread in this worker (ruff's PLW1509).
 SIGINT_AT_DEFAULT_THEN_EXEC = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
     " os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
