@@ -104,6 +104,7 @@ def store_from(args: argparse.Namespace) -> ObjectStore:
         cache_bytes=size,
         s3_endpoint=getattr(args, "s3_endpoint", None),
         store_timeout=seconds(args.store_timeout, "--store-timeout"),
+        direct_reads=not getattr(args, "read_only", False),
     )
 
 

@@ -1,21 +1,25 @@
-"""Writing a new file's bytes past the page cache (O_DIRECT), for large objects.
+"""Moving a large object's bytes past the page cache (O_DIRECT), both ways.
 
-The daemon never reads a chunk file it has just written (it keeps plaintext
-in its own cache), so copying every written byte into the page cache buys
-nothing, and it is the dearest step of a streaming write: fresh page-cache
-pages cost 1.6-2.9 s of kernel CPU per GiB on a VM whose host reclaims freed
-guest memory (free page reporting), against 0.7-0.9 s through O_DIRECT,
-which moves the bytes from one reused buffer (docs/design.md, "Local store").
+The daemon keeps what it needs in its own caches: plaintext of chunks it wrote,
+a decrypted-chunk LRU, and above it the kernel's page cache of the mount's
+files. A second copy of the sealed bytes in the page cache buys nothing, and
+filling it is the dearest step of streaming through a local store: fresh
+page-cache pages cost 1.6-2.9 s of kernel CPU per GiB written on a VM whose
+host reclaims freed guest memory (free page reporting), against 0.7-0.9 s
+through O_DIRECT, and a cold read of 1 GiB took 3.3-5.0 s of daemon CPU
+through the page cache against 1.7-2.1 s past it (docs/design.md, "Local
+store"). Both directions move the bytes through one page-aligned buffer per
+thread, reused.
 
 O_DIRECT wants the buffer, offset and length aligned to the device's logical
-block: the bytes are copied into a page-aligned buffer (one per thread,
-reused), all whole 4 KiB blocks are written directly, and the tail is written
-through the page cache after O_DIRECT is switched off on the descriptor. The
-buffer holds at most WINDOW bytes: a larger object (a big snapshot) goes
-through it a window at a time, or every worker thread that ever wrote one
-would keep a copy of its size for as long as it lives. No padding ever
-reaches the file. A file system that refuses O_DIRECT (EINVAL) gets the
-plain write instead; the caller remembers that and stops trying.
+block. A write copies the bytes into the buffer, writes all whole 4 KiB blocks
+directly and the tail through the page cache after O_DIRECT is switched off on
+the descriptor, so no padding ever reaches the file. A read asks for whole
+blocks past the end and stops at the short one. The buffer holds at most
+WINDOW bytes: a larger object (a big snapshot) is written through it a window
+at a time and read through the page cache, or every worker thread that ever
+moved one would keep a copy of its size for as long as it lives. A file system
+that refuses O_DIRECT (EINVAL) gets plain I/O instead.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import mmap
 import os
 import threading
@@ -93,6 +98,49 @@ def write_direct(fd: int, data: bytes | memoryview) -> None:
     rest = view[done:]
     while rest:
         rest = rest[os.write(fd, rest) :]
+
+
+def read_direct(f: io.FileIO, size: int) -> bytes:
+    """All the bytes of f, a file opened for reading at offset 0 whose fstat said size.
+
+    Read past the page cache where the file system allows it and the file fits
+    the buffer; through it otherwise, and for whatever follows an unexpected
+    short read or the file grew by since the fstat. Leaves O_DIRECT off.
+    """
+    span = (size // ALIGN + 1) * ALIGN  # a block past the end: the last read comes up short
+    fd = f.fileno()
+    if span > WINDOW or not _direct_on(fd):
+        return f.readall()
+    done = 0
+    try:
+        with memoryview(_aligned_buffer(span)) as out:
+            try:
+                while done < span:
+                    got = os.preadv(fd, [out[done:span]], done)
+                    done += got
+                    if not got or done % ALIGN:  # the end of the file
+                        return bytes(out[:done])
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+            head = bytes(out[:done])
+    finally:
+        _direct_off(fd)
+    # Refused (EINVAL) after done bytes, or the file grew past span: the rest buffered.
+    f.seek(done)
+    return head + f.readall()
+
+
+def _direct_on(fd: int) -> bool:
+    """Switch O_DIRECT on for fd; False if the file system refuses it."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    return True
 
 
 def _direct_off(fd: int) -> None:

@@ -15,6 +15,8 @@ import stat
 import time
 from pathlib import Path
 
+from sealfs.store.direct import read_direct
+
 
 def write_all(fd: int, data: bytes) -> None:
     """Write all of data: os.write may write less, and a full disk raises on the next."""
@@ -99,8 +101,13 @@ def regular_file_etag(path: Path | str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
+def read_regular_file(
+    path: Path | str, max_size: int | None = None, *, direct_from: int | None = None
+) -> bytes:
     """The bytes of the regular file at path (a symlink is followed).
+
+    direct_from: read a file of at least this many bytes past the page cache
+    (sealfs.store.direct says when that pays).
 
     Raises IsADirectoryError for a directory, NotARegularFileError for anything else
     that is not a regular file, FileTooLargeError for one of more than max_size bytes
@@ -114,7 +121,10 @@ def read_regular_file(path: Path | str, max_size: int | None = None) -> bytes:
     with f:
         if max_size is not None and size > max_size:
             raise FileTooLargeError(size)
-        data = f.readall()
+        if direct_from is not None and size >= direct_from:
+            data = read_direct(f, size)
+        else:
+            data = f.readall()
         if max_size is not None and len(data) > max_size:  # grew since the fstat
             raise FileTooLargeError(len(data))
         return data

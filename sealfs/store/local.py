@@ -81,8 +81,8 @@ _DENIED = frozenset({errno.EACCES, errno.EPERM})
 SYNCFS_ABOVE = 64
 FLUSH_INLINE = 4  # up to this many paths, flushed one after the other in the caller's thread
 FLUSH_THREADS = 16  # beyond it, flushes in flight at once
-# Objects at least this big are written with O_DIRECT (sealfs.store.direct says why).
-# Below it a direct write's wait for the device costs more than the page cache saves.
+# Objects at least this big are written and read with O_DIRECT (sealfs.store.direct says
+# why). Below it a direct write's wait for the device costs more than the page cache saves.
 DIRECT_FROM = 256 << 10
 
 
@@ -272,7 +272,11 @@ class LocalStore:
     or StoreError (any other OS error), each with a one-line message. Never retries.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, direct_reads: bool = True) -> None:
+        """direct_reads: read large objects past the page cache. A read-only mount
+        turns it off: it drops the kernel's cache of its files at every open (to see
+        the writer's changes), so the page cache of the chunk files is the only one
+        its re-reads find beyond the daemon's own."""
         # Absolute: a mount's daemon leaves the directory it was started from.
         self.root = Path(os.path.abspath(root))
         self._unsynced = _Unsynced()
@@ -287,6 +291,7 @@ class LocalStore:
         # directory found here (_check_root), whatever a symlink names later.
         self._location = f"local store at {os.path.realpath(self.root)}"
         self._direct = True  # until the file system refuses O_DIRECT
+        self._direct_reads = direct_reads
         self._syncfs_works: bool | None = None  # known at the first sync
         self._direct_lock = threading.Lock()
         # Held across a delete or a replacement and its record in _unsynced, so that a
@@ -431,8 +436,9 @@ class LocalStore:
     def get(self, name: str, max_size: int | None = None) -> bytes:
         """Return the object's bytes. Raises ObjectNotFoundError."""
         path = self._path(name)
+        direct = self._direct and self._direct_reads
         try:
-            return read_regular_file(path, max_size)
+            return read_regular_file(path, max_size, direct_from=DIRECT_FROM if direct else None)
         except _MISSING:
             raise self._not_found(name) from None
         except FileTooLargeError as exc:

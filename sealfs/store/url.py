@@ -229,6 +229,7 @@ def open_store(
     s3_endpoint: str | None = None,
     store_timeout: float = DEFAULT_STORE_TIMEOUT,
     default_cache: bool = True,
+    direct_reads: bool = True,
 ) -> ObjectStore:
     """Open the store url names, wrapped for retries and, with cache_dir, a chunk cache.
 
@@ -238,6 +239,8 @@ def open_store(
     cache_dir is given (init passes False: it reads no chunk). cache_bytes 0 turns
     the cache off: there was no other way to say so, and a cache of no bytes still
     made its directory and looked in it before every fetch, keeping nothing.
+    direct_reads: a local store reads large objects past the page cache
+    (LocalStore says when not to).
     Raises ConfigError for an unsupported or malformed URL. Opens no connection
     and touches no file yet (but for creating the cache directory).
     """
@@ -253,7 +256,9 @@ def open_store(
                 f"--s3-endpoint is for s3:// stores, and {url} is a local directory:"
                 " give the store as s3://BUCKET/PREFIX, or drop --s3-endpoint"
             )
-        store = RetryingStore(LocalStore(local_path(url)), deadline=store_timeout)
+        store = RetryingStore(
+            LocalStore(local_path(url), direct_reads=direct_reads), deadline=store_timeout
+        )
     elif scheme == "s3":
         from sealfs.store.s3 import (  # noqa: PLC0415 - boto3 is slow to import
             CONNECT_TIMEOUT,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.store.local import DIRECT_FROM
 from tests.mounts import (
     STATUS_XATTR,
     VolumeEnv,
@@ -22,6 +23,7 @@ from tests.mounts import (
     python_as_nobody,
     sealfs,
 )
+from tests.store.conftest import cached_bytes, evict_from_page_cache
 
 pytestmark = pytest.mark.fuse
 
@@ -130,6 +132,29 @@ def test_a_reader_polling_a_checkpoint_the_writer_keeps_replacing_sees_whole_ver
         wait_until(lambda: json.loads((ro / "ckpt.json").read_text())["step"] == last_written, 15)
         assert len(set(seen)) > 5, "the reader hardly ever saw a new version"
     env.umount()
+
+
+def test_the_writer_reads_chunk_files_past_the_page_cache_and_a_follower_through_it(
+    mounted_env: VolumeEnv,
+) -> None:
+    """A writable mount keeps the file's plaintext in the kernel's cache across opens,
+    so a second copy of the chunk files there only costs (filling it took half of a
+    cold read's CPU). A read-only mount drops its cache at every open: the chunk
+    files' pages are the only cache its re-reads find beyond the daemon's."""
+    env = mounted_env
+    data = os.urandom(3 << 20)
+    (env.mnt / "big").write_bytes(data)
+    env.umount()  # the daemon keeps what it wrote: a new one must read the store
+    chunks = [p for p in (env.store / "c").rglob("*") if p.stat().st_size >= DIRECT_FROM]
+    assert chunks, "no large chunk stored"
+    for path in chunks:
+        evict_from_page_cache(path)
+    env.mount()
+    assert (env.mnt / "big").read_bytes() == data
+    assert sum(cached_bytes(p) for p in chunks) == 0
+    with read_only_mount(env, 0.2) as ro:
+        assert (ro / "big").read_bytes() == data
+        assert sum(cached_bytes(p) for p in chunks) >= len(data) // 2
 
 
 def test_a_file_the_writer_grew_shows_its_new_size_once_replayed(mounted_env: VolumeEnv) -> None:

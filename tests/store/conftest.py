@@ -90,6 +90,28 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
         made.close()
 
 
+def cached_bytes(path: Path) -> int:
+    """Bytes of the file that sit in the page cache (util-linux fincore)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout)
+
+
+def evict_from_page_cache(path: Path) -> None:
+    """Drop the file's pages from the page cache (written back first: dirty ones stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert cached_bytes(path) == 0, f"{path} stayed in the page cache"
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
     """Mount a tmpfs of the given size at path (root only), unmounting afterwards."""

@@ -1,33 +1,28 @@
-"""Writes past the page cache: exact bytes, and a plain write where O_DIRECT is refused."""
+"""Writes and reads past the page cache: exact bytes, and plain I/O where O_DIRECT is refused."""
 
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from sealfs.store.direct import ALIGN, WINDOW, DirectIOUnsupported, open_direct, write_direct
+from sealfs.store.direct import (
+    ALIGN,
+    WINDOW,
+    DirectIOUnsupported,
+    open_direct,
+    read_direct,
+    write_direct,
+)
 from sealfs.store.local import DIRECT_FROM, LocalStore
 from tests.conftest import CrashableDisk
-from tests.store.conftest import mounted_ramfs
+from tests.store.conftest import cached_bytes, evict_from_page_cache, mounted_ramfs
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-
-
-def _cached_bytes(path: Path) -> int:
-    """Bytes of the file that sit in the page cache (util-linux fincore)."""
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(out.stdout)
 
 
 @pytest.mark.parametrize("size", [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, 3 * ALIGN + 5, (1 << 20) + 17])
@@ -93,10 +88,76 @@ def test_large_objects_bypass_the_page_cache_and_small_ones_do_not(tmp_path: Pat
     large, small = os.urandom(DIRECT_FROM + 100), os.urandom(DIRECT_FROM - 1)
     store.put("c/ab/large", large)
     store.put_if_absent("c/ab/small", small)
-    assert _cached_bytes(tmp_path / "c/ab/large") <= ALIGN  # only the tail went through it
-    assert _cached_bytes(tmp_path / "c/ab/small") > ALIGN  # all of it, unless evicted since
+    assert cached_bytes(tmp_path / "c/ab/large") <= ALIGN  # only the tail went through it
+    assert cached_bytes(tmp_path / "c/ab/small") > ALIGN  # all of it, unless evicted since
+    for name in ("large", "small"):
+        evict_from_page_cache(tmp_path / "c/ab" / name)
     assert store.get("c/ab/large") == large
     assert store.get("c/ab/small") == small
+    assert cached_bytes(tmp_path / "c/ab/large") == 0
+    assert cached_bytes(tmp_path / "c/ab/small") > ALIGN
+
+
+def test_a_store_told_to_read_through_the_page_cache_does(tmp_path: Path) -> None:
+    """As a read-only mount's store is: the page cache is the only cache its re-reads
+    find, since the kernel drops the mount's own at every open."""
+    LocalStore(tmp_path).put("c/ab/large", large := os.urandom(DIRECT_FROM + 100))
+    evict_from_page_cache(tmp_path / "c/ab/large")
+    assert LocalStore(tmp_path, direct_reads=False).get("c/ab/large") == large
+    assert cached_bytes(tmp_path / "c/ab/large") > ALIGN
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, 3 * ALIGN + 5, (1 << 20) + 17, WINDOW - 1]
+)
+def test_a_direct_read_returns_exactly_the_bytes(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "object"
+    path.write_bytes(data := os.urandom(size))
+    evict_from_page_cache(path)
+    with open(path, "rb", buffering=0) as f:
+        assert read_direct(f, size) == data
+        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_DIRECT
+    assert cached_bytes(path) == 0  # past the page cache, every byte
+
+
+def test_a_file_larger_than_the_buffer_is_read_through_the_page_cache(tmp_path: Path) -> None:
+    """A big snapshot: reading it directly would grow every worker thread's buffer to
+    its size, for as long as the thread lives."""
+    path = tmp_path / "object"
+    path.write_bytes(data := os.urandom(WINDOW))
+    evict_from_page_cache(path)
+    read: list[bytes] = []
+
+    def read_it() -> None:
+        with open(path, "rb", buffering=0) as f:
+            read.append(read_direct(f, WINDOW))
+
+    thread = threading.Thread(target=read_it)
+    before = _shared_resident()
+    thread.start()
+    thread.join()
+    assert read == [data]
+    assert _shared_resident() - before < ALIGN  # no buffer made for it
+    assert cached_bytes(path) > WINDOW // 2
+
+
+@pytest.mark.parametrize("told", [2 * ALIGN, 5 * ALIGN, 5 * ALIGN + 2])
+def test_a_file_grown_since_its_size_was_taken_is_read_whole(tmp_path: Path, told: int) -> None:
+    """Objects never grow, but a file someone appended to must not be read cut short
+    (the caller's size bound would then not see it)."""
+    path = tmp_path / "object"
+    path.write_bytes(data := os.urandom(5 * ALIGN + 3))
+    with open(path, "rb", buffering=0) as f:
+        assert read_direct(f, told) == data
+        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_DIRECT
+
+
+def test_where_o_direct_is_refused_a_read_goes_through_the_page_cache(tmp_path: Path) -> None:
+    with mounted_ramfs(tmp_path / "ram") as ram:
+        path = ram / "object"
+        path.write_bytes(data := os.urandom(DIRECT_FROM + 1))
+        with open(path, "rb", buffering=0) as f:
+            assert read_direct(f, len(data)) == data
 
 
 def test_open_direct_where_it_is_refused_leaves_no_file(tmp_path: Path) -> None:
