@@ -6,8 +6,8 @@ files. A second copy of the sealed bytes in the page cache buys nothing, and
 filling it is the dearest step of streaming through a local store: fresh
 page-cache pages cost 1.6-2.9 s of kernel CPU per GiB written on a VM whose
 host reclaims freed guest memory (free page reporting), against 0.7-0.9 s
-through O_DIRECT, and a cold read of 1 GiB took 3.3-5.0 s of daemon CPU
-through the page cache against 1.7-2.1 s past it (docs/design.md, "Local
+through O_DIRECT, and a cold read of 1 GiB took 2.9-4.6 s of daemon CPU
+through the page cache against 1.7-2.0 s past it (docs/design.md, "Local
 store"). Both directions move the bytes through one page-aligned buffer per
 thread, reused.
 
@@ -104,8 +104,9 @@ def read_direct(f: io.FileIO, size: int) -> bytes:
     """All the bytes of f, a file opened for reading at offset 0 whose fstat said size.
 
     Read past the page cache where the file system allows it and the file fits
-    the buffer; through it otherwise, and for whatever follows an unexpected
-    short read or the file grew by since the fstat. Leaves O_DIRECT off.
+    the buffer; through it otherwise, and from where a read was refused (EINVAL)
+    or, should the file have grown since the fstat, past the span read directly.
+    Leaves O_DIRECT off.
     """
     span = (size // ALIGN + 1) * ALIGN  # a block past the end: the last read comes up short
     fd = f.fileno()
