@@ -119,17 +119,32 @@ def read_direct(f: io.FileIO, size: int) -> bytes:
                 while done < span:
                     got = os.preadv(fd, [out[done:span]], done)
                     done += got
-                    if not got or done % ALIGN:  # the end of the file
+                    if not got or (done % ALIGN and done >= size):  # the end of the file
                         return bytes(out[:done])
+                    if done % ALIGN:  # short before the end (NFS may): no longer aligned
+                        break
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
             head = bytes(out[:done])
     finally:
         _direct_off(fd)
-    # Refused (EINVAL) after done bytes, or the file grew past span: the rest buffered.
+        _release_in_main_thread()
+    # Refused (EINVAL) or cut short after done bytes, or the file grew past span: the
+    # rest through the page cache.
     f.seek(done)
     return head + f.readall()
+
+
+def _release_in_main_thread() -> None:
+    """Drop the buffer if this is the main thread, which moves an object directly only
+    while a mount loads (a snapshot) and then runs the FUSE loop for the mount's whole
+    life: it would keep the buffer, up to WINDOW, all that time."""
+    if threading.current_thread() is threading.main_thread():
+        buf: mmap.mmap | None = getattr(_local, "buf", None)
+        if buf is not None:
+            del _local.buf
+            buf.close()
 
 
 def _direct_on(fd: int) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.store import direct
 from sealfs.store.direct import (
     ALIGN,
     WINDOW,
@@ -127,18 +128,44 @@ def test_a_file_larger_than_the_buffer_is_read_through_the_page_cache(tmp_path: 
     path.write_bytes(data := os.urandom(WINDOW))
     evict_from_page_cache(path)
     read: list[bytes] = []
+    kept: list[int] = []
 
     def read_it() -> None:
+        before = _shared_resident()
         with open(path, "rb", buffering=0) as f:
             read.append(read_direct(f, WINDOW))
+        kept.append(_shared_resident() - before)  # while the thread, and its buffer, live
 
     thread = threading.Thread(target=read_it)
-    before = _shared_resident()
     thread.start()
     thread.join()
     assert read == [data]
-    assert _shared_resident() - before < ALIGN  # no buffer made for it
+    assert kept == [0]  # no buffer made for it
     assert cached_bytes(path) > WINDOW // 2
+
+
+def test_the_main_thread_keeps_no_buffer_after_a_direct_read(tmp_path: Path) -> None:
+    """Regression: a mount reads its snapshot in the main thread, which then runs the
+    FUSE loop for the mount's whole life and kept the buffer (up to WINDOW) as long.
+    A worker thread keeps its own, to reuse."""
+    path = tmp_path / "object"
+    path.write_bytes(data := os.urandom(3 << 20))
+    kept: list[int] = []
+
+    def read_it() -> None:
+        before = _shared_resident()
+        with open(path, "rb", buffering=0) as f:
+            assert read_direct(f, len(data)) == data
+        kept.append(_shared_resident() - before)
+
+    with open(path, "rb", buffering=0) as f:
+        assert read_direct(f, len(data)) == data
+    # Looked at directly: RSS would not show a buffer an earlier test left in this thread.
+    assert getattr(direct._local, "buf", None) is None
+    thread = threading.Thread(target=read_it)
+    thread.start()
+    thread.join()
+    assert kept and kept[0] >= len(data)
 
 
 @pytest.mark.parametrize("told", [2 * ALIGN, 5 * ALIGN, 5 * ALIGN + 2])
