@@ -101,12 +101,9 @@ def cached_bytes(path: Path) -> int:
     return int(out.stdout)
 
 
-def evict_from_page_cache(path: Path) -> None:
-    """Drop the file's pages from the page cache (written back first: dirty ones stay).
-
-    Skips (fails in CI) where the file system is the page cache: a tmpfs, as /tmp is
-    on some distributions, cannot drop a file's pages, and O_DIRECT reads through them.
-    """
+def require_disk(path: Path) -> None:
+    """Skip (fail in CI) where the file system is the page cache: a tmpfs, as /tmp is on
+    some distributions, cannot drop a file's pages, and O_DIRECT goes through them."""
     fstype = subprocess.run(
         ["stat", "--file-system", "--format", "%T", str(path)],
         capture_output=True,
@@ -114,6 +111,11 @@ def evict_from_page_cache(path: Path) -> None:
         check=True,
     ).stdout.strip()
     require(fstype not in ("tmpfs", "ramfs"), f"{path} is on a {fstype}, not on a disk")
+
+
+def evict_from_page_cache(path: Path) -> None:
+    """Drop the file's pages from the page cache (written back first: dirty ones stay)."""
+    require_disk(path)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

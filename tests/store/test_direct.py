@@ -21,7 +21,12 @@ from sealfs.store.direct import (
 )
 from sealfs.store.local import DIRECT_FROM, LocalStore
 from tests.conftest import CrashableDisk
-from tests.store.conftest import cached_bytes, evict_from_page_cache, mounted_ramfs
+from tests.store.conftest import (
+    cached_bytes,
+    evict_from_page_cache,
+    mounted_ramfs,
+    require_disk,
+)
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
@@ -85,6 +90,7 @@ def test_a_thread_keeps_no_copy_of_the_largest_object_it_wrote(tmp_path: Path) -
 
 
 def test_large_objects_bypass_the_page_cache_and_small_ones_do_not(tmp_path: Path) -> None:
+    require_disk(tmp_path)
     store = LocalStore(tmp_path)
     large, small = os.urandom(DIRECT_FROM + 100), os.urandom(DIRECT_FROM - 1)
     store.put("c/ab/large", large)
