@@ -104,9 +104,9 @@ def read_direct(f: io.FileIO, size: int) -> bytes:
     """All the bytes of f, a file opened for reading at offset 0 whose fstat said size.
 
     Read past the page cache where the file system allows it and the file fits
-    the buffer; through it otherwise, and from where a read was refused (EINVAL)
-    or, should the file have grown since the fstat, past the span read directly.
-    Leaves O_DIRECT off.
+    the buffer; through it otherwise, and for the rest of the file after a read
+    that was refused (EINVAL) or came up short before the end, or past the span
+    read directly should the file have grown since the fstat. Leaves O_DIRECT off.
     """
     span = (size // ALIGN + 1) * ALIGN  # a block past the end: the last read comes up short
     fd = f.fileno()
