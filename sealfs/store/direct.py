@@ -31,6 +31,7 @@ import io
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 
 ALIGN = 4096  # a multiple of every common logical block size (512 B and 4 KiB)
 _GROW = 1 << 20  # buffers grow in whole MiB, so a run of sizes does not remap each time
@@ -45,14 +46,27 @@ class DirectIOUnsupported(Exception):
     """The file system refused O_DIRECT; nothing was written to the file."""
 
 
-def _aligned_buffer(size: int) -> mmap.mmap:
-    """This thread's page-aligned buffer of at least size bytes (anonymous, reused)."""
+@contextlib.contextmanager
+def _aligned_view(size: int) -> Iterator[memoryview]:
+    """A view of this thread's page-aligned buffer of at least size bytes (anonymous,
+    reused by the thread's later calls).
+
+    The main thread gives its buffer back afterwards: it moves an object directly
+    only while a mount loads (a snapshot), and then runs the FUSE loop for the
+    mount's whole life, which would keep the buffer, up to WINDOW, all that time.
+    """
     buf: mmap.mmap | None = getattr(_local, "buf", None)
     if buf is None or len(buf) < size:
         if buf is not None:
             buf.close()
         buf = _local.buf = mmap.mmap(-1, -(-size // _GROW) * _GROW)
-    return buf
+    try:
+        with memoryview(buf) as view:
+            yield view
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            del _local.buf
+            buf.close()
 
 
 def open_direct(path: str, flags: int, mode: int) -> int:
@@ -79,8 +93,7 @@ def write_direct(fd: int, data: bytes | memoryview) -> None:
     whole = len(view) // ALIGN * ALIGN
     done = 0
     if whole:
-        buf = _aligned_buffer(min(whole, WINDOW))
-        with memoryview(buf) as out:
+        with _aligned_view(min(whole, WINDOW)) as out:
             try:
                 while done < whole:
                     start, size = done, min(whole - done, WINDOW)
@@ -91,10 +104,10 @@ def write_direct(fd: int, data: bytes | memoryview) -> None:
                 if exc.errno != errno.EINVAL:
                     raise
                 if not done:
-                    _direct_off(fd)
+                    _set_direct(fd, False)
                     raise DirectIOUnsupported(exc.strerror or "EINVAL") from None
                 # A short direct write left an unaligned offset: the rest goes buffered.
-    _direct_off(fd)
+    _set_direct(fd, False)
     rest = view[done:]
     while rest:
         rest = rest[os.write(fd, rest) :]
@@ -110,11 +123,11 @@ def read_direct(f: io.FileIO, size: int) -> bytes:
     """
     span = (size // ALIGN + 1) * ALIGN  # a block past the end: the last read comes up short
     fd = f.fileno()
-    if span > WINDOW or not _direct_on(fd):
+    if span > WINDOW or not _set_direct(fd, True):
         return f.readall()
     done = 0
     try:
-        with memoryview(_aligned_buffer(span)) as out:
+        with _aligned_view(span) as out:
             try:
                 while done < span:
                     got = os.preadv(fd, [out[done:span]], done)
@@ -128,37 +141,20 @@ def read_direct(f: io.FileIO, size: int) -> bytes:
                     raise
             head = bytes(out[:done])
     finally:
-        _direct_off(fd)
-        _release_in_main_thread()
+        _set_direct(fd, False)
     # Refused (EINVAL) or cut short after done bytes, or the file grew past span: the
     # rest through the page cache.
     f.seek(done)
     return head + f.readall()
 
 
-def _release_in_main_thread() -> None:
-    """Drop the buffer if this is the main thread, which moves an object directly only
-    while a mount loads (a snapshot) and then runs the FUSE loop for the mount's whole
-    life: it would keep the buffer, up to WINDOW, all that time."""
-    if threading.current_thread() is threading.main_thread():
-        buf: mmap.mmap | None = getattr(_local, "buf", None)
-        if buf is not None:
-            del _local.buf
-            buf.close()
-
-
-def _direct_on(fd: int) -> bool:
-    """Switch O_DIRECT on for fd; False if the file system refuses it."""
+def _set_direct(fd: int, on: bool) -> bool:
+    """Switch O_DIRECT on or off for fd; False if the file system refuses it (EINVAL)."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
         return False
     return True
-
-
-def _direct_off(fd: int) -> None:
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)

@@ -174,6 +174,18 @@ def test_the_main_thread_keeps_no_buffer_after_a_direct_read(tmp_path: Path) -> 
     assert kept and kept[0] >= len(data)
 
 
+def test_the_main_thread_keeps_no_buffer_after_a_direct_write(tmp_path: Path) -> None:
+    """The buffer is lent the same way both ways: a write does not leave one either."""
+    path = tmp_path / "object"
+    fd = open_direct(str(path), _NEW, 0o600)
+    try:
+        write_direct(fd, data := os.urandom((1 << 20) + 17))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
+    assert getattr(direct._local, "buf", None) is None
+
+
 @pytest.mark.parametrize("told", [2 * ALIGN, 5 * ALIGN, 5 * ALIGN + 2])
 def test_a_file_grown_since_its_size_was_taken_is_read_whole(tmp_path: Path, told: int) -> None:
     """Objects never grow, but a file someone appended to must not be read cut short
