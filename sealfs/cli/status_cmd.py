@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from sealfs.cli.paths import user_path
 from sealfs.cli.units import counted, format_size, format_time
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
-from sealfs.fuse.mount import is_empty_dir, is_mounted, sealfs_mount_above
+from sealfs.fuse.mount import is_empty_dir, mount_kind, sealfs_mount_above
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.url import is_local_url, local_path
 from sealfs.volume.engine import Volume
@@ -39,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
-    if is_mounted(args.target):
+    if _is_mount_to_ask(args.target):
         status = mounted_status(args.target)
         if status is None:
             raise SealfsError(  # exit 1, as sync and umount say it
@@ -68,6 +69,19 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
     status["pid"] = None
     status["seen_generation"] = None if recorded is None else recorded[0]
     return status
+
+
+def _is_mount_to_ask(target: str) -> bool:
+    """Whether target names a mount whose daemon to ask, rather than a store.
+
+    A store on a disk of its own, a bind mount or NFS is a mountpoint as well: such a
+    store was refused as "an ext4 mount, not a sealfs mount". Any other mount there is
+    still taken for a mountpoint given by mistake, and said to be one.
+    """
+    kind = mount_kind(target)
+    if kind is None:
+        return False
+    return kind == "fuse.sealfs" or not os.path.exists(os.path.join(target, HEADER_NAME))
 
 
 def _is_empty_dir(target: str) -> bool:

@@ -386,9 +386,11 @@ def _check_mountpoint(mountpoint: str, *, may_hold_files: bool) -> None:
     # Mounted first: a dead mount fails every stat, so it would look like no directory.
     if is_mounted(mountpoint):
         if not _answers(mountpoint):
+            # Another FUSE file system's dead mount (gocryptfs) is not sealfs umount's.
+            remove = "sealfs umount" if _is_sealfs_mount(mountpoint) else "fusermount3 -u"
             raise MountpointBusyError(
                 f"mountpoint {mountpoint} holds a mount whose daemon died:"
-                f" run 'sealfs umount {mountpoint}' first"
+                f" run '{remove} {mountpoint}' first"
             )
         raise MountpointBusyError(
             f"mountpoint {mountpoint} is busy (something is mounted there):"

@@ -621,6 +621,15 @@ def test_seconds_that_are_not_finite_are_refused(vol: VolumeEnv, option: list[st
     assert not os.path.ismount(vol.mnt)
 
 
+def test_a_commit_interval_too_short_to_rest_between_commits_is_refused(vol: VolumeEnv) -> None:
+    """Regression: --commit-interval 1e-9 was taken, and the idle daemon spun on its
+    commit timer (110 % of a core; a read-only mount's follow timer, 80 %)."""
+    result = mount(vol, "--passphrase-file", str(vol.passfile), "--commit-interval", "1e-9")
+    err = one_line(result, USAGE)
+    assert "--commit-interval must be at least 0.01 seconds, not 1e-09" in err
+    assert not os.path.ismount(vol.mnt)
+
+
 def test_a_log_file_with_foreground_is_refused(vol: VolumeEnv) -> None:
     """Regression: the file was taken and stayed empty; the log went to stderr."""
     result = mount(vol, "--passphrase-file", str(vol.passfile), "--foreground")

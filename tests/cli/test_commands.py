@@ -346,7 +346,12 @@ def test_mount_refuses_a_dead_mount_of_another_file_system(volume_env: VolumeEnv
             time.sleep(0.02)
         other.kill()
         other.wait(timeout=10)
-        assert f"run 'sealfs umount {env.mnt}'" in one_line(env.mount(check=False), BUSY)
+        # Not "run 'sealfs umount'", which then unmounted it and said sealfs data was lost.
+        assert f"run 'fusermount3 -u {env.mnt}'" in one_line(env.mount(check=False), BUSY)
+        for command in ("umount", "status", "sync"):
+            err = one_line(sealfs(command, str(env.mnt)), USAGE)
+            assert f"{env.mnt} is a fuse.other mount whose daemon died, not a sealfs" in err
+            assert f"remove it with 'fusermount3 -u {env.mnt}'" in err
         assert str(env.mnt) in Path("/proc/self/mounts").read_text()
     finally:
         other.kill()
@@ -465,6 +470,27 @@ def test_sync_of_a_mount_that_is_not_sealfs_is_refused(tmp_path: Path) -> None:
         assert os.path.ismount(target)
     finally:
         subprocess.run(["umount", str(target)], check=True)
+
+
+def test_status_of_a_store_that_is_a_mountpoint(tmp_path: Path) -> None:
+    """Regression: a store on a disk of its own (or a bind mount, or NFS) is a mountpoint,
+    and status refused it as "a ext4 mount, not a sealfs mount" while init, mount and
+    key list took it."""
+    env = VolumeEnv(tmp_path)
+    env.store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(env.store)], check=True)
+    try:
+        env.init()
+        env.mount()
+        (env.mnt / "kept").write_text("kept")
+        env.umount()
+        stored = env.store_status()
+        assert stored["files"] == 1 and stored["pid"] is None
+        assert os.path.ismount(env.store)
+    finally:
+        leaked = env.cleanup()
+        subprocess.run(["umount", str(env.store)], check=True)
+    assert not leaked
 
 
 def test_umount_with_an_open_file_is_busy_on_stderr_then_succeeds(mounted_env: VolumeEnv) -> None:
