@@ -160,7 +160,7 @@ def run_mount(args: argparse.Namespace) -> int:
     with _removed_on_failure(log_path if made_log else ""), collector_paused():
         loaded, seen, recorded, unlocked = unlock_seen(args, accepting=args.accept_rollback)
         seen.check_load(recorded, loaded)
-        seen.warn_if_behind_elsewhere(loaded.live.generation)
+        seen.warn_if_behind_elsewhere(loaded.live.generation, recorded, read_only=options.read_only)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         unlock_again = unlocker_for_rekeys(args, unlocked) if options.read_only else None

@@ -156,26 +156,46 @@ class SeenVolume:
             " --accept-rollback"
         )
 
-    def warn_if_behind_elsewhere(self, generation: int) -> None:
-        """Warn if this host saw a newer generation of the volume at another location.
+    def warn_if_behind_elsewhere(
+        self, generation: int, recorded: Recorded | None, *, read_only: bool = False
+    ) -> None:
+        """Warn if, since this host last recorded this location (recorded, as read before
+        the load), it saw the volume at another location at a newer generation.
 
         A copy of a volume (a store moved to S3 or back, a backup) mounts as a
         volume of its own and diverges without harm, so this is no refusal. But
         after a move, mounting the old location by mistake (a unit not yet
         changed) wrote to a copy left behind without a word, and what the
-        agents wrote there never reached the copy in use.
+        agents wrote there never reached the copy in use. Generations of copies
+        that diverged do not say which is the volume, so once this location has
+        been used since (a copy mounted for a restore drill, then the original
+        again), this says nothing: it told the user to retire the live original
+        at every mount until that overtook the drill's generation.
         """
-        newest = max(self._elsewhere(), default=None)
-        if newest is None or newest[0] <= generation:
+        since_ns = -1 if recorded is None else recorded[1]
+        ahead = [seen for seen in self._elsewhere() if seen[0] > generation and seen[1] > since_ns]
+        if not ahead:
             return
-        newer, at_ns, location = newest
+        newer, at_ns, location = max(ahead)
+        saw = (
+            f"this host saw volume {self.volume_id.hex()} at generation {newer} at the"
+            f" {location} ({format_time(at_ns)}), since it last used the {self.location},"
+            f" which holds generation {generation}"
+        )
+        if read_only:
+            log.warning(
+                "%s: this copy may be out of date (the volume moved there, or this is a"
+                " backup), and this read-only mount shows it as of generation %d",
+                saw, generation,
+            )  # fmt: skip
+            return
         log.warning(
-            "this host saw generation %d of volume %s at the %s (%s), but the %s holds"
-            " generation %d: this store is a separate copy, behind it; what is written"
-            " here does not reach that one. If the volume moved there, unmount this"
-            " one and retire this copy (README, \"Moving a volume to another store\")",
-            newer, self.volume_id.hex(), location, format_time(at_ns), self.location, generation,
-        )  # fmt: skip
+            "%s: if the volume moved there, this copy is out of date and what is written"
+            " here never reaches that one: unmount this one and mount that one (README,"
+            ' "Moving a volume to another store"); if that one is a copy made for a test'
+            " or a restore, carry on",
+            saw,
+        )
 
     def _elsewhere(self) -> Iterator[tuple[int, int, str]]:
         """(generation, when recorded, location) of each of this volume's records at

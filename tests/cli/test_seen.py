@@ -450,14 +450,46 @@ def test_a_copy_behind_what_this_host_saw_elsewhere_is_named(
     moved.remember(12)
     SeenVolume(OTHER_VOLUME, "s3 store s3://bucket/other at https://s3.example").remember(40)
     with caplog.at_level(logging.WARNING, logger="sealfs.cli.seen"):
-        moved.warn_if_behind_elsewhere(12)  # the newest copy: nothing to say
+        moved.warn_if_behind_elsewhere(12, moved.recorded())  # the newest copy: nothing to say
         assert not caplog.records
-        old.warn_if_behind_elsewhere(7)
+        old.warn_if_behind_elsewhere(7, old.recorded())
     [record] = caplog.records
     message = record.getMessage()
     assert "s3://bucket/agent" in message and "generation 12" in message, message
     assert "generation 7" in message and VOLUME.hex() in message, message
     assert "s3://bucket/other" not in message and "\n" not in message, message
+    assert "this copy is out of date" in message and "unmount this one" in message, message
+
+
+def test_a_copy_used_again_since_the_other_went_ahead_is_not_warned_about(
+    state: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: after a restore drill (a copy mounted and written, then the original
+    again), every mount of the original said to retire it, until its generation passed
+    the drill's: generations of copies that diverged do not say which is the volume."""
+    original = SeenVolume(VOLUME, "local store at /srv/agent on alpha")
+    drill = SeenVolume(VOLUME, "local store at /tmp/drill on alpha")
+    original.remember(7)
+    drill.remember(12)
+    original.remember(8)  # the original mounted (and so written) again since
+    with caplog.at_level(logging.WARNING, logger="sealfs.cli.seen"):
+        original.warn_if_behind_elsewhere(8, original.recorded())
+    assert not caplog.records
+
+
+def test_a_read_only_mount_of_an_older_copy_is_told_it_only_shows_it(
+    state: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a read-only mount of a backup (how the README checks one) was told to
+    unmount and retire it, as if it wrote there."""
+    SeenVolume(VOLUME, "local store at /srv/agent on alpha").remember(12)
+    backup = SeenVolume(VOLUME, "local store at /backup/agent on alpha")
+    with caplog.at_level(logging.WARNING, logger="sealfs.cli.seen"):
+        backup.warn_if_behind_elsewhere(9, backup.recorded(), read_only=True)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "read-only mount shows it as of generation 9" in message, message
+    assert "retire" not in message and "unmount" not in message, message
 
 
 def test_mounting_the_old_copy_of_a_moved_volume_warns(volume_env: VolumeEnv) -> None:
@@ -474,10 +506,14 @@ def test_mounting_the_old_copy_of_a_moved_volume_warns(volume_env: VolumeEnv) ->
     assert first.returncode == 0, first.stderr
     (env.mnt / "second").write_text("2")
     env.umount()
-    assert "separate copy" not in first.stderr, first.stderr  # it was not behind
+    assert "out of date" not in first.stderr, first.stderr  # it was not behind
     result = env.mount()
     env.umount()
-    assert "separate copy" in result.stderr and str(moved) in result.stderr, result.stderr
+    assert "out of date" in result.stderr and str(moved) in result.stderr, result.stderr
+    # Used again since (a drill's copy, say): said once, not at every mount after.
+    again = env.mount()
+    env.umount()
+    assert "out of date" not in again.stderr, again.stderr
 
 
 def test_a_store_whose_recorded_generation_is_another_segment_is_refused(state: Path) -> None:
