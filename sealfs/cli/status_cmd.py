@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import time
 from typing import Any
 
@@ -12,15 +13,16 @@ from rich.console import Console
 from rich.table import Table
 
 from sealfs.cli.commands import COMMANDS
-from sealfs.cli.mount_cmd import daemon_log_file, mounted_status
+from sealfs.cli.mount_cmd import daemon_log_file, mounted_status, read_status
 from sealfs.cli.paths import user_path
 from sealfs.cli.units import counted, format_size, format_time
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
-from sealfs.fuse.mount import is_empty_dir, mount_kind, sealfs_mount_above
+from sealfs.fuse.mount import is_empty_dir, mount_kind, mount_table, sealfs_mount_above
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.url import is_local_url, local_path
 from sealfs.volume.engine import Volume
+from sealfs.volume.loader import Loaded, writer_alive
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
 
@@ -68,7 +70,44 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
     status = volume_status(Volume(loaded, VolumeOptions(read_only=True)))
     status["pid"] = None
     status["seen_generation"] = None if recorded is None else recorded[0]
+    status["writer"] = _writer(loaded)
+    if status["writer"] is not None:
+        # Only the writer's memory knows: 0 told an operator about to back up or shut
+        # down that nothing was pending while 5 MiB was.
+        status["pending_bytes"] = status["buffered_bytes"] = status["pending_records"] = None
     return status
+
+
+def _writer(loaded: Loaded) -> dict[str, Any] | None:
+    """The mount that holds the volume for writing, as the store names it (None once it
+    released it): on this host, whether it runs and where it is mounted."""
+    writer = loaded.live.writer
+    if writer is None or writer.released:
+        return None
+    here = writer.host == socket.gethostname()
+    alive = writer_alive(writer) if here else None
+    return {
+        "host": writer.host,
+        "pid": writer.pid,
+        "since_ns": writer.since_ns,
+        "this_host": here,
+        "alive": alive,
+        "mountpoint": _mountpoint_of(loaded.volume_id, writer.pid) if alive else None,
+    }
+
+
+def _mountpoint_of(volume_id: bytes, pid: int) -> str | None:
+    """Where the daemon pid serves the volume on this host, if this user can ask it."""
+    source = f"sealfs:{volume_id.hex()[:8]}"
+    for entry in mount_table():
+        if entry.kind != "fuse.sealfs" or entry.source != source:
+            continue
+        try:
+            if read_status(entry.mountpoint).get("pid") == pid:
+                return entry.mountpoint
+        except (OSError, ValueError):  # dead, another user's, or not answering as sealfs
+            continue
+    return None
 
 
 def _is_mount_to_ask(target: str) -> bool:
@@ -122,6 +161,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         *_seen(s),
         ("last commit", when),
         ("pending", _pending(s)),
+        *_writer_rows(s),
         *_running(s),
         *_failing(s),
         ("files", f"{s['files']} ({s['inodes']} inodes)"),
@@ -173,6 +213,29 @@ def _seen(s: dict[str, Any]) -> list[tuple[str, str]]:
              " back or restored; a mount needs --accept-rollback)" if behind else ""))]  # fmt: skip
 
 
+def _writer_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """For a store: the mount holding it for writing, and where to ask it."""
+    writer = s.get("writer")
+    if writer is None:
+        return []
+    since = format_time(writer["since_ns"])
+    who = f"pid {writer['pid']}"
+    if not writer["this_host"]:
+        state = "not released: mounted there, or crashed without unmounting"
+        return [("writer", f"host {writer['host']} {who}, since {since} ({state})")]
+    if not writer["alive"]:
+        state = (
+            "gone, without unmounting (what it had not committed is lost; the next mount"
+            " takes the volume over)"
+        )
+        return [("writer", f"{who} on this host, since {since}: {state}")]
+    where = writer["mountpoint"]
+    if where is None:  # another user's mount, which this one cannot ask
+        return [("writer", f"{who} on this host, since {since}")]
+    ask = f"'sealfs status {where}' shows what it has not committed"
+    return [("writer", f"{who} on this host, mounted at {where}, since {since}; {ask}")]
+
+
 def _failing(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The commits failing since the last one succeeded, or a read-only mount's looks or
     new key, and why (a daemon older than the fields sends none)."""
@@ -216,6 +279,8 @@ def _running(s: dict[str, Any]) -> list[tuple[str, str]]:
 def _pending(s: dict[str, Any]) -> str:
     """What a crash now would lose; how much of it is still in memory (a daemon started
     before an upgrade sends no buffered_bytes)."""
+    if s["pending_bytes"] is None:  # a store that a writer holds
+        return "not known from the store: only the writer's mount holds it (see writer)"
     text = f"{format_size(s['pending_bytes'])} not committed"
     if s.get("buffered_bytes") is not None:
         text += f" ({format_size(s['buffered_bytes'])} in memory)"

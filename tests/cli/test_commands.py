@@ -94,6 +94,43 @@ def test_status_of_a_mount_and_of_a_store(mounted_env: VolumeEnv) -> None:
     assert 0 < int(stored["stored_bytes"]) <= sum(sizes.values()) + 36 * int(stored["chunks"])
 
 
+def test_status_of_a_store_a_mount_writes_names_it_and_does_not_say_nothing_is_pending(
+    volume_env: VolumeEnv,
+) -> None:
+    """Regression: with 5 MiB written and not committed, status of the store said "0 B
+    not committed" and named no writer: an operator checking before a backup or a
+    shutdown was told that nothing was pending."""
+    env = volume_env
+    env.mount("--commit-interval", "3600")
+    try:
+        (env.mnt / "f").write_bytes(os.urandom(5 << 20))
+        stored = status_json(str(env.store), "--passphrase-file", str(env.passfile))
+        assert stored["pending_bytes"] is None and stored["pending_records"] is None
+        (pid,) = env.daemon_pids()
+        writer = stored["writer"]
+        assert writer["pid"] == pid and writer["this_host"] and writer["alive"]
+        assert writer["mountpoint"] == str(env.mnt)
+        table = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile),
+                       env={**os.environ, "COLUMNS": "500"})  # fmt: skip
+        assert table.returncode == 0, table.stderr
+        assert "not known from the store" in table.stdout, table.stdout
+        assert f"pid {pid} on this host, mounted at {env.mnt}" in table.stdout, table.stdout
+        assert f"'sealfs status {env.mnt}' shows what it has not committed" in table.stdout
+        assert env.status()["pending_bytes"] >= 5 << 20  # where it is known
+    finally:
+        env.umount()
+    assert env.store_status()["writer"] is None  # released
+    env.mount()
+    (crashed,) = env.daemon_pids()
+    env.kill()
+    gone = env.store_status()["writer"]
+    assert gone["pid"] == crashed
+    assert gone["this_host"] and gone["alive"] is False and gone["mountpoint"] is None
+    table = sealfs("status", str(env.store), "--passphrase-file", str(env.passfile),
+                   env={**os.environ, "COLUMNS": "500"})  # fmt: skip
+    assert "gone, without unmounting" in table.stdout, table.stdout
+
+
 def test_status_of_a_store_url_run_from_inside_a_mount(mounted_env: VolumeEnv) -> None:
     """Regression: status took its target for a path under the working directory, so a
     file:// or s3:// URL given from inside a mount was refused as "inside the sealfs
