@@ -140,7 +140,10 @@ def argon2_params_from_slot(slot: Keyslot) -> Argon2Params:
     """Read a passphrase slot's KDF params; FormatError if malformed, WeakKdfError if weak."""
     raw = slot.params
     if set(raw) != _PASSPHRASE_PARAM_KEYS or raw["kdf"] != KDF_ARGON2ID:
-        raise FormatError(f"keyslot {slot.slot_id}: unsupported or malformed KDF parameters")
+        raise FormatError(
+            f"keyslot {slot.slot_id}: unsupported or malformed KDF parameters (sealfs.vol is"
+            " damaged, or was written by a newer sealfs): restore sealfs.vol from a backup"
+        )
     params = Argon2Params(raw["m"], raw["t"], raw["p"], raw["salt"])
     check_params(params)
     return params
@@ -331,8 +334,11 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
         if opened is None:
             if isinstance(secret, Passphrase):
                 raise WrongKeyError(
+                    # A damaged slot fails as a wrong passphrase does; only a slot that
+                    # opens can check the header's MAC, which the recovery key's then does.
                     "wrong passphrase: no keyslot opens with it (check the passphrase or its file,"
-                    " or unlock with --recovery-key-file)"
+                    " or unlock with --recovery-key-file, which also tells whether sealfs.vol"
+                    " is damaged)"
                 )
             raise WrongKeyError(
                 "wrong recovery key: no keyslot opens with it (is it another volume's? check"

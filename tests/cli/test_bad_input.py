@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from sealfs.keys.header import decode_header
 from sealfs.keys.recovery import FORMAT_HINT, format_recovery_key
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
 from tests.s3.server import FAKE_ENV
@@ -768,6 +769,41 @@ def test_a_header_without_metadata_is_refused(vol: VolumeEnv, tmp_path: Path, co
     finally:
         vol.cleanup()
     assert fingerprint(store) == before
+
+
+def test_a_damaged_passphrase_slot_points_to_the_recovery_key_which_names_the_damage(
+    vol: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: a flipped bit in the passphrase's keyslot read "wrong passphrase" and
+    no more, sending a user sure of the passphrase to check it. A damaged slot cannot be
+    told from a wrong secret; the recovery key's slot opens and its MAC check tells."""
+    store = tmp_path / "store"
+    shutil.copytree(vol.store, store)
+    header = bytearray((store / "sealfs.vol").read_bytes())
+    (slot,) = [s for s in decode_header(bytes(header)).slots if s.kind == "passphrase"]
+    at = bytes(header).index(slot.wrapped_key)
+    header[at] ^= 1
+    (store / "sealfs.vol").write_bytes(bytes(header))
+    before = fingerprint(store)
+    err = one_line(sealfs("status", str(store), "--passphrase-file", str(vol.passfile)), WRONG_KEY)
+    assert "--recovery-key-file, which also tells whether sealfs.vol is damaged" in err, err
+    result = sealfs("status", str(store), "--recovery-key-file", str(vol.recovery_file))
+    assert "restore sealfs.vol from a backup" in one_line(result, DAMAGED)
+    assert fingerprint(store) == before
+
+
+def test_a_keyslot_with_unknown_kdf_parameters_names_the_fix(
+    vol: VolumeEnv, tmp_path: Path
+) -> None:
+    """Regression: "keyslot 0: unsupported or malformed KDF parameters" named no fix."""
+    store = tmp_path / "store"
+    shutil.copytree(vol.store, store)
+    header = (store / "sealfs.vol").read_bytes()
+    assert header.count(b"argon2id") == 1
+    (store / "sealfs.vol").write_bytes(header.replace(b"argon2id", b"argon2ix"))
+    result = sealfs("status", str(store), "--passphrase-file", str(vol.passfile))
+    err = one_line(result, DAMAGED)
+    assert "malformed KDF parameters" in err and "restore sealfs.vol from a backup" in err, err
 
 
 @pytest.mark.parametrize("damage", ["empty", "10 bytes", "zeroed", "body not msgpack"])
