@@ -310,7 +310,12 @@ class LocalStore:
 
     def _error(self, exc: OSError, what: str) -> StoreError:
         if exc.errno in _NO_SPACE:
-            return NoSpaceError(f"store disk full at {self.root}: free space and retry")
+            # Deleting files inside the volume frees nothing there (nothing is collected
+            # yet), which "free space and retry" left users to find out.
+            return NoSpaceError(
+                f"store disk full at {self.root}: free space on the disk that holds it (deleting"
+                " files in the volume frees none) and retry"
+            )
         reason = exc.strerror or type(exc).__name__
         message = f"local store at {self.root}: {what} failed: {reason}"
         if exc.errno in _DENIED:  # most often a mount or init run as the wrong user
