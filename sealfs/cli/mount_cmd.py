@@ -41,6 +41,7 @@ from sealfs.fuse.mount import (
     hold_ending_signals,
     is_mounted,
     mount_kind,
+    mount_table,
     prepare,
     sealfs_mount_above,
     sealfs_mount_owner,
@@ -653,9 +654,16 @@ def _fusermount(mnt: str, *, lazy: bool) -> int:
     if result.returncode == 0:
         return 0
     if "busy" in result.stderr:
-        error_line(
-            f"{mnt} is busy (a process has files open there or works in it): close them and retry"
-        )
+        under = mnt.rstrip("/") + "/"  # mnt is a real path, as the table's are
+        inner = [entry.mountpoint for entry in mount_table() if entry.mountpoint.startswith(under)]
+        if inner:
+            # Said "a process has files open there", which sent users looking for one.
+            error_line(f"{mnt} is busy: {inner[0]} is mounted inside it: unmount that first")
+        else:
+            error_line(
+                f"{mnt} is busy (a process has files open there or works in it): close them"
+                " and retry"
+            )
         return BUSY
     error_line(f"fusermount3 failed: {result.stderr.strip()}")
     return USAGE

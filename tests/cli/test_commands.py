@@ -543,6 +543,22 @@ def test_umount_with_an_open_file_is_busy_on_stderr_then_succeeds(mounted_env: V
     assert not env.is_mounted()
 
 
+def test_umount_with_a_mount_inside_names_that_mount(mounted_env: VolumeEnv) -> None:
+    """Regression: it said "a process has files open there", sending users looking for
+    one, when another file system was mounted inside the mount."""
+    env = mounted_env
+    nest = env.mnt / "nest"
+    nest.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(nest)], check=True)
+    try:
+        err = one_line(sealfs("umount", str(env.mnt)), BUSY)
+        assert f"{env.mnt} is busy: {nest} is mounted inside it: unmount that first" in err
+        assert env.is_mounted()
+    finally:
+        subprocess.run(["umount", str(nest)], check=True)
+    env.umount()
+
+
 def test_read_only_mount_refuses_writes(volume_env: VolumeEnv) -> None:
     env = volume_env
     env.mount()
