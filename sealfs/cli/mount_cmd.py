@@ -33,6 +33,7 @@ from sealfs.cli.unlock import (
     unlock_seen,
 )
 from sealfs.errors import ConfigError, SealfsError
+from sealfs.fuse import conncaps
 from sealfs.fuse.mount import (
     StoppedByBug,
     abandon,
@@ -139,6 +140,7 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 
 
 def run_mount(args: argparse.Namespace) -> int:
+    conncaps.check_loaded()
     options = _options(args)
     # Resolved: fusermount3 (a mount by a user other than root) refuses a mountpoint
     # that is a symlink, and the mount table holds the real path anyway.

@@ -15,23 +15,34 @@ from pathlib import Path
 from sealfs.errors import ConfigError
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> ctypes.CDLL | str:
+    """The library, or why there is none."""
     here = Path(__file__).parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = here / f"_conncaps{suffix}"
         if path.exists():
-            return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    return None
+            try:
+                return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                # Left from another build (an upgrade without a rebuild, a libfuse
+                # changed since): the loader's error alone named no fix.
+                return f"sealfs's FUSE helper library cannot be loaded: {exc}"
+    return "sealfs was installed without its FUSE helper library (sealfs/fuse/_conncaps)"
 
 
 _library = _load()
 
 
+def check_loaded() -> None:
+    """ConfigError unless the library is there to serve a mount: said before a mount
+    asks for a secret and runs Argon2, not after."""
+    _loaded()
+
+
 def _loaded() -> ctypes.CDLL:
-    if _library is None:
+    if isinstance(_library, str):
         raise ConfigError(
-            "sealfs was installed without its FUSE helper library (sealfs/fuse/_conncaps):"
-            " install it again with ./scripts/setup (or pip install), which builds it"
+            f"{_library}: install it again with ./scripts/setup (or pip install), which builds it"
         )
     return _library
 
