@@ -263,6 +263,13 @@ def _no_secret(what: str, flag: str, env: str, credential: str) -> ConfigError:
 
 
 def _key_file_exists(path: str) -> ConfigError:
+    if not os.path.isfile(path) and os.path.exists(path):
+        # /dev/stdout "already exists", which named neither why it was refused nor the
+        # way to print the key.
+        return ConfigError(
+            f"{path} is not a regular file: give a new file for the recovery key, or leave"
+            " the option out to have the key printed"
+        )
     return ConfigError(f"{path} already exists: choose a new file for the recovery key")
 
 

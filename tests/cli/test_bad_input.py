@@ -234,6 +234,12 @@ def test_init_names_a_store_or_key_file_in_use_before_asking_for_a_passphrase(
                     str(old_key), env=clean_env())  # fmt: skip
     assert f"{old_key} already exists" in one_line(result, USAGE)
     assert old_key.read_text() == "an older recovery key"
+    # Regression: /dev/stdout "already exists", which named no way to print the key.
+    result = sealfs("init", str(fresh), "--recovery-key-file", "/dev/stdout", *CHEAP_KDF,
+                    env=clean_env())  # fmt: skip
+    err = one_line(result, USAGE)
+    assert "/dev/stdout is not a regular file" in err and "leave the option out" in err, err
+    assert not fresh.exists()
 
 
 def test_init_that_fails_on_a_full_disk_leaves_no_directory_it_made(
