@@ -164,12 +164,17 @@ def get_passphrase(explicit_file: str | None, *, confirm: bool, new: bool = Fals
     must have at least MIN_NEW_PASSPHRASE_CHARS characters.
     """
     passphrase = _read_passphrase(explicit_file, confirm=confirm, new=new)
-    if (confirm or new) and len(passphrase.decode(errors="replace")) < MIN_NEW_PASSPHRASE_CHARS:
+    if confirm or new:
+        _check_length(passphrase, new=new)
+    return passphrase
+
+
+def _check_length(passphrase: bytes, *, new: bool) -> None:
+    if len(passphrase.decode(errors="replace")) < MIN_NEW_PASSPHRASE_CHARS:
         raise ConfigError(
             f"the {'new ' if new else ''}passphrase is shorter than {MIN_NEW_PASSPHRASE_CHARS}"
             " characters: choose a longer one (the store's copies can be attacked offline)"
         )
-    return passphrase
 
 
 def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> bytes:
@@ -190,6 +195,10 @@ def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> 
     first = prompt_secret(f"{prompt}: ", what)
     if not first:
         raise ConfigError("the passphrase must not be empty")
+    if confirm or new:
+        # Before it is typed again: refused only after the second entry, it was typed
+        # twice for nothing.
+        _check_length(normalize_passphrase(first), new=new)
     if (confirm or new) and prompt_secret(f"{prompt} (again): ", what) != first:
         raise ConfigError(
             f"the two passphrases differ: nothing was {'changed' if new else 'created'}"

@@ -217,14 +217,15 @@ def test_whether_a_recovery_slot_is_stored(volume_store: ObjectStore) -> None:
     assert not recovery_slot_stored(MemoryStore(), RECOVERY_KEY)  # no volume at all
 
 
-def _typed_on_a_terminal(typed: bytes, *, raw: bool = False) -> str:
+def _typed_on_a_terminal(typed: bytes, *, raw: bool = False, confirm: bool = False) -> str:
     """What the passphrase prompt makes of typed, in a child on a terminal of its own
-    (raw: left in raw mode, as a program that crashed leaves it)."""
+    (raw: left in raw mode, as a program that crashed leaves it; confirm: asked as for a
+    new keyslot)."""
     probe = (
         f"import tty; {'tty.setraw(0)' if raw else ''}\n"
         "from sealfs.cli.secrets import get_passphrase\n"
         "try:\n"
-        "    print('GOT', get_passphrase(None, confirm=False))\n"
+        f"    print('GOT', get_passphrase(None, confirm={confirm}))\n"
         "except Exception as exc:\n"
         "    print('ERROR', type(exc).__name__, exc)\n"
     )
@@ -284,6 +285,13 @@ def test_end_of_input_at_a_prompt_is_no_secret() -> None:
     assert _typed_on_a_terminal(b"\x04") == (
         "ERROR ConfigError no passphrase: the input ended (Ctrl-D) before one was typed"
     )
+
+
+def test_a_new_passphrase_too_short_is_refused_before_it_is_asked_again() -> None:
+    """Regression: init asked for the passphrase twice, then refused it as too short."""
+    said = _typed_on_a_terminal(b"short\n", confirm=True)
+    assert said.startswith("ERROR ConfigError the passphrase is shorter than 8"), said
+    assert "(again)" not in said, said
 
 
 def test_a_terminal_left_raw_still_ends_the_line_at_enter() -> None:
