@@ -223,6 +223,7 @@ def _has(header: VolumeHeader, kind: str) -> bool:
 
 
 Attempt = Callable[[], Secret]
+TYPED_TRIES = 3
 
 
 def plan_unlock(
@@ -274,7 +275,7 @@ def unlock_header(
         first: WrongKeyError | KeyUnavailableError | None = None
         for i, attempt in enumerate(attempts):
             try:
-                unlocked = unlock(header_bytes, attempt())
+                unlocked = _unlock_asking_again(args, header_bytes, attempt)
             except (WrongKeyError, KeyUnavailableError) as exc:
                 if i == len(attempts) - 1:
                     text = str(exc) if first is None else f"{first}; then: {exc}"
@@ -285,6 +286,34 @@ def unlock_header(
                 log.warning("%s; unlocked with the passphrase instead", first)
             return unlocked
     raise AssertionError("unreachable")
+
+
+def _unlock_asking_again(
+    args: argparse.Namespace, header_bytes: bytes, attempt: Attempt
+) -> Unlocked:
+    """unlock with attempt's secret; a passphrase typed at the prompt that opens no slot is
+    asked for again, up to TYPED_TRIES times in all (a typo ended the command at once,
+    as neither sudo nor cryptsetup does). Each try costs an Argon2 run."""
+    for tries in range(1, TYPED_TRIES + 1):
+        secret = attempt()
+        try:
+            return unlock(header_bytes, secret)
+        except WrongKeyError:
+            if tries == TYPED_TRIES or not _typed(args, secret):
+                raise
+            print("sealfs: wrong passphrase: try again", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _typed(args: argparse.Namespace, secret: Secret) -> bool:
+    """Whether secret is a passphrase typed at the prompt (one from a file or a systemd
+    credential would only fail the same way again)."""
+    return (
+        isinstance(secret, Passphrase)
+        and not getattr(args, "passphrase_file", None)
+        and passphrase_source(None) is None
+        and sys.stdin.isatty()
+    )
 
 
 def unlocker_for_rekeys(

@@ -29,7 +29,7 @@ from sealfs.keys.hsm import Pin
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from tests.conftest import RECOVERY_KEY
-from tests.mounts import CHEAP_KDF
+from tests.mounts import CHEAP_KDF, PASSPHRASE, VolumeEnv
 from tests.prereq import require
 from tests.store.conftest import mounted_tmpfs
 
@@ -232,24 +232,25 @@ def _typed_on_a_terminal(typed: bytes, *, raw: bool = False, confirm: bool = Fal
     env = {
         k: v for k, v in os.environ.items() if k not in (PASSPHRASE_ENV, "CREDENTIALS_DIRECTORY")
     }
-    out = _on_a_terminal([sys.executable, "-c", probe], env, answer=(b"Passphrase: ", typed))
+    out = _on_a_terminal([sys.executable, "-c", probe], env, (b"Passphrase: ", typed))
     return out.decode(errors="replace").split("Passphrase: ", 1)[1].strip()
 
 
-def _on_a_terminal(
-    argv: list[str], env: dict[str, str], answer: tuple[bytes, bytes] | None = None
-) -> bytes:
+def _on_a_terminal(argv: list[str], env: dict[str, str], *answers: tuple[bytes, bytes]) -> bytes:
     """All that argv writes, run on a terminal of its own (its controlling one, and its
-    stdio); answer: (a prompt, what to type once it shows)."""
+    stdio); answers: (a prompt, what to type once it shows), in turn."""
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(argv[0], argv, env)
     out = b""
     try:
-        if answer is not None:
-            while answer[0] not in out:
+        for k, (prompt, typed) in enumerate(answers):
+            answered = sum(earlier == prompt for earlier, _ in answers[:k])
+            while out.count(prompt) <= answered:  # this prompt's turn has come
+                ready, _, _ = select.select([fd], [], [], 30)
+                assert ready, f"no {prompt!r} came: {out!r}"
                 out += os.read(fd, 4096)
-            os.write(fd, answer[1])
+            os.write(fd, typed)
         while True:
             ready, _, _ = select.select([fd], [], [], 30)
             assert ready, f"the child did not end: {out!r}"
@@ -292,6 +293,25 @@ def test_a_new_passphrase_too_short_is_refused_before_it_is_asked_again() -> Non
     said = _typed_on_a_terminal(b"short\n", confirm=True)
     assert said.startswith("ERROR ConfigError the passphrase is shorter than 8"), said
     assert "(again)" not in said, said
+
+
+def test_a_mistyped_passphrase_is_asked_for_again(tmp_path: Path) -> None:
+    """Regression: one typo at the prompt ended the command (exit 3), where sudo and
+    cryptsetup ask again."""
+    env = VolumeEnv(tmp_path)
+    env.init()
+    clean = {
+        k: v for k, v in os.environ.items() if k not in (PASSPHRASE_ENV, "CREDENTIALS_DIRECTORY")
+    }
+    argv = [sys.executable, "-m", "sealfs.cli.main", "status", str(env.store), "--json"]
+    typo, right = b"not the passphrase\n", PASSPHRASE.encode() + b"\n"
+    out = _on_a_terminal(argv, clean, (b"Passphrase: ", typo), (b"Passphrase: ", right))
+    said = out.decode(errors="replace")
+    assert said.count("wrong passphrase: try again") == 1, said
+    assert '"generation"' in said, said  # unlocked at the second try
+    out = _on_a_terminal(argv, clean, *[(b"Passphrase: ", typo)] * 3)
+    said = out.decode(errors="replace")
+    assert said.count("try again") == 2 and "no keyslot opens with it" in said, said
 
 
 def test_a_terminal_left_raw_still_ends_the_line_at_enter() -> None:
