@@ -116,10 +116,15 @@ def test_status_of_a_store_a_mount_writes_names_it_and_does_not_say_nothing_is_p
         assert "not known from the store" in table.stdout, table.stdout
         assert f"pid {pid} on this host, mounted at {env.mnt}" in table.stdout, table.stdout
         assert f"'sealfs status {env.mnt}' shows what it has not committed" in table.stdout
-        assert env.status()["pending_bytes"] >= 5 << 20  # where it is known
+        live = env.status()
+        assert live["pending_bytes"] >= 5 << 20  # where it is known
+        # Sizes count committed data: "5.0 MiB (0 B outside holes)" read as holes.
+        assert dict(_rows(live))["logical size"] == "5.0 MiB (0 B committed outside holes)"
     finally:
         env.umount()
-    assert env.store_status()["writer"] is None  # released
+    released = env.store_status()
+    assert released["writer"] is None
+    assert dict(_rows(released))["logical size"] == "5.0 MiB (5.0 MiB outside holes)"
     env.mount()
     (crashed,) = env.daemon_pids()
     env.kill()
