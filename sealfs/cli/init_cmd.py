@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from sealfs.cli.commands import COMMANDS
 from sealfs.cli.keysource import add_init_key_options, init_slot_makers, passphrase_configured
 from sealfs.cli.paths import check_key_file_outside_store, user_path
 from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
-from sealfs.cli.stdio import check_recovery_key_shown
+from sealfs.cli.stdio import check_recovery_key_shown, print_recovery_key
 from sealfs.cli.units import seconds
 from sealfs.cli.unlock import add_s3_options
 from sealfs.errors import ConfigError, NotAVolumeError, WrongKeyError
@@ -153,8 +152,11 @@ def _create(args: argparse.Namespace) -> int:
     if args.recovery_key_file:
         print(f"Recovery key written to {args.recovery_key_file}: keep it apart from the store.")
     else:
-        print("\nRecovery key (shown once; store it apart from the volume, it opens the volume):")
-        print(f"\n    {text}\n", file=sys.stdout)
+        print_recovery_key(
+            text,
+            "Recovery key (shown once; store it apart from the volume, it opens the volume)",
+            "--recovery-key-file",
+        )
     return 0
 
 

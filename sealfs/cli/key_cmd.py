@@ -25,7 +25,7 @@ from sealfs.cli.keysource import (
 )
 from sealfs.cli.paths import check_key_file_outside_store, user_path
 from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
-from sealfs.cli.stdio import check_recovery_key_shown
+from sealfs.cli.stdio import check_recovery_key_shown, print_recovery_key
 from sealfs.cli.units import counted
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
@@ -260,8 +260,11 @@ def run_add(args: argparse.Namespace) -> int:
         if args.new_recovery_key_file:
             print(f"Recovery key written to {args.new_recovery_key_file}: keep it apart.")
         else:
-            print("\nRecovery key (shown once; store it apart from the volume):")
-            print(f"\n    {text}\n")
+            print_recovery_key(
+                text,
+                "Recovery key (shown once; store it apart from the volume)",
+                "--new-recovery-key-file",
+            )
         return 0
     with kms_clients(args) as clients:
         maker: SlotMaker | None = None

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import fcntl
 import io
+import logging
 import os
 import sys
 
 from sealfs.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def standard_streams() -> None:
@@ -74,6 +77,21 @@ def check_recovery_key_shown(key_file: str | None, option: str) -> None:
             f"stdout is closed, where the new recovery key would be shown: give {option}"
             " FILE (nothing was changed)"
         )
+
+
+def print_recovery_key(text: str, heading: str, option: str) -> None:
+    """Show a new recovery key on stdout, under heading; warn (stderr) when stdout is no
+    terminal: a pipe into a log or a CI job's output kept the key that opens the volume
+    without a word."""
+    if not sys.stdout.isatty():
+        log.warning(
+            "the new recovery key goes to stdout, which is not a terminal: whatever keeps"
+            " that output (a log, a file) keeps the key; %s FILE writes it to a file of its"
+            " own instead",
+            option,
+        )
+    print(f"\n{heading}:")
+    print(f"\n    {text}\n")
 
 
 # Control characters (a newline or tab in a path) escaped as Python writes them.

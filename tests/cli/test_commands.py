@@ -48,6 +48,10 @@ def test_init_prints_a_recovery_key_that_unlocks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     keys = re.findall(r"sfrk(?:-[a-z2-7]{1,4}){14}", result.stdout)
     assert len(keys) == 1, result.stdout
+    # Captured here (a pipe), as a log or a CI job would keep it: said, on stderr.
+    assert "the new recovery key goes to stdout, which is not a terminal" in result.stderr
+    assert "--recovery-key-file FILE writes it to a file of its own" in result.stderr
+    assert keys[0] not in result.stderr
     write_secret(env.recovery_file, keys[0] + "\n")
     try:
         mounted = sealfs(
