@@ -66,6 +66,11 @@ class WrongKeyError(SealfsError):
     """No keyslot opened with the secret that was given."""
 
 
+class NoSlotOfKindError(WrongKeyError):
+    """The volume has no keyslot of the given secret's kind at all: asking for the
+    secret again cannot help."""
+
+
 class WeakKdfError(SealfsError):
     """KDF parameters below the minimum sealfs accepts (possibly lowered by an attacker)."""
 

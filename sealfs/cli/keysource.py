@@ -40,7 +40,7 @@ from sealfs.cli.secrets import (
     secret_origin,
     secret_source,
 )
-from sealfs.errors import ConfigError, KeyUnavailableError, WrongKeyError
+from sealfs.errors import ConfigError, KeyUnavailableError, NoSlotOfKindError, WrongKeyError
 from sealfs.keys.header import VolumeHeader, decode_header
 from sealfs.keys.hsm import Pin, Pkcs11Unlocker, TokenKey, create_token_key, pkcs11_slot_maker
 from sealfs.keys.kms import KmsClients, KmsUnlocker, boto3_client_factory, kms_slot_maker
@@ -298,8 +298,12 @@ def _unlock_asking_again(
         secret = attempt()
         try:
             return unlock(header_bytes, secret)
-        except WrongKeyError:
-            if tries == TYPED_TRIES or not _typed(args, secret):
+        except WrongKeyError as exc:
+            if (
+                tries == TYPED_TRIES
+                or isinstance(exc, NoSlotOfKindError)
+                or not _typed(args, secret)
+            ):
                 raise
             print("sealfs: wrong passphrase: try again", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")

@@ -28,7 +28,13 @@ from sealfs.crypto.subkeys import (
     derive_subkeys,
     hkdf_sha256,
 )
-from sealfs.errors import FormatError, IntegrityError, KeyUnavailableError, WrongKeyError
+from sealfs.errors import (
+    FormatError,
+    IntegrityError,
+    KeyUnavailableError,
+    NoSlotOfKindError,
+    WrongKeyError,
+)
 from sealfs.keys.header import (
     FORMAT_VERSION,
     Keyslot,
@@ -273,6 +279,19 @@ def create_header(
     return encode_header(header, derive_subkeys(master_key, volume_id).header_mac_key)
 
 
+def _check_has_slot_for(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> None:
+    """WrongKeyError naming the slots there are, if none is of the secret's kind: once
+    `key remove` or a rekey's --drop-slot took the last one, a right passphrase was
+    said to be wrong, and the operator hunted for a typo."""
+    kind = KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY
+    if any(slot.kind == kind for slot in header.slots):
+        return
+    held = ", ".join(f"{slot.slot_id} {slot.kind}" for slot in header.slots)
+    raise NoSlotOfKindError(
+        f"the volume has no {kind} keyslot (its keyslots: {held}): unlock with one of those"
+    )
+
+
 def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[int, bytes] | None:
     """Return (slot id, master key) from the first matching slot that opens."""
     vid = header.volume_id
@@ -330,6 +349,7 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
     """
     header = decode_header(header_bytes)
     if isinstance(secret, Passphrase | RecoveryKey):
+        _check_has_slot_for(header, secret)
         opened = _try_slots(header, secret)
         if opened is None:
             if isinstance(secret, Passphrase):

@@ -10,7 +10,13 @@ import msgpack
 import pytest
 
 from sealfs.crypto.subkeys import derive_subkeys
-from sealfs.errors import FormatError, IntegrityError, WeakKdfError, WrongKeyError
+from sealfs.errors import (
+    FormatError,
+    IntegrityError,
+    NoSlotOfKindError,
+    WeakKdfError,
+    WrongKeyError,
+)
 from sealfs.keys.header import (
     MAGIC,
     Keyslot,
@@ -206,6 +212,33 @@ def test_removed_recovery_slot() -> None:
     only_passphrase = dataclasses.replace(header, slots=header.slots[:1])
     with pytest.raises(WrongKeyError):
         unlock(_reencode(GOLDEN_V1, only_passphrase, MAC_KEY), RecoveryKey(RECOVERY))
+
+
+@pytest.mark.parametrize(
+    ("kept", "secret", "said"),
+    [
+        (
+            1,
+            Passphrase(PASSPHRASE),
+            "the volume has no passphrase keyslot (its keyslots: 1 recovery)",
+        ),
+        (
+            0,
+            RecoveryKey(RECOVERY),
+            "the volume has no recovery keyslot (its keyslots: 0 passphrase)",
+        ),
+    ],
+)
+def test_a_secret_of_a_kind_the_volume_has_no_slot_of_says_so(
+    kept: int, secret: Passphrase | RecoveryKey, said: str
+) -> None:
+    """Regression: once the last passphrase slot was removed, the right passphrase was
+    "wrong", and the operator hunted for a typo."""
+    header = decode_header(GOLDEN_V1)
+    one_kind = dataclasses.replace(header, slots=(header.slots[kept],))
+    with pytest.raises(NoSlotOfKindError) as raised:
+        unlock(_reencode(GOLDEN_V1, one_kind, MAC_KEY), secret)
+    assert str(raised.value) == f"{said}: unlock with one of those"
 
 
 def test_wrapped_key_of_wrong_size() -> None:
