@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
 from sealfs.keys.header import Keyslot, VolumeHeader, decode_header
 from sealfs.keys.hsm import params_from_slot as token_params
+from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.kms import params_from_slot as kms_params
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
 from sealfs.keys.slots import (
@@ -42,6 +44,7 @@ from sealfs.keys.slots import (
     KNOWN_KINDS,
     SlotMaker,
     Unlocked,
+    argon2_params_from_slot,
     passphrase_slot_maker,
     recovery_slot_maker,
 )
@@ -233,9 +236,22 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kdf_maker(args: argparse.Namespace) -> SlotMaker:
+def _kdf_maker(args: argparse.Namespace, params: Argon2Params | None = None) -> SlotMaker:
+    """A passphrase slot's maker, for the new passphrase; params: its Argon2 cost, else
+    the --kdf-* options' (or the calibrated default)."""
     passphrase = get_passphrase(args.new_passphrase_file, confirm=True, new=True)
-    return passphrase_slot_maker(passphrase, init_cmd.kdf_params(args))
+    return passphrase_slot_maker(passphrase, params or init_cmd.kdf_params(args))
+
+
+def _passwd_params(args: argparse.Namespace, slot: Keyslot) -> Argon2Params:
+    """The cost of a slot passwd makes: the old slot's, with a new salt, unless --kdf-*
+    says otherwise. The calibrated default took a slot made with --kdf-memory 64 (for a
+    small host's MemoryMax) to 256 MiB without a word, as rekey never does."""
+    if args.kdf_memory is not None:
+        return init_cmd.kdf_params(args)
+    old = argon2_params_from_slot(slot)
+    passes = old.iterations if args.kdf_iterations is None else args.kdf_iterations
+    return Argon2Params(old.memory_kib, passes, old.lanes, os.urandom(16))
 
 
 def run_add(args: argparse.Namespace) -> int:
@@ -311,7 +327,7 @@ def run_passwd(args: argparse.Namespace) -> int:
                 " changes passphrase slots (use 'sealfs key rotate' for aws-kms and pkcs11"
                 " slots)"
             )
-        return replace_slot(unlocked, args.slot, _kdf_maker(args))[0]
+        return replace_slot(unlocked, args.slot, _kdf_maker(args, _passwd_params(args, slot)))[0]
 
     _, new = change_header(store, _unlocker(args, pin=True), edit)
     slot = find_slot(decode_header(new), args.slot)

@@ -156,6 +156,23 @@ def test_add_passphrase_then_passwd_then_remove(env: VolumeEnv, tmp_path: Path) 
     one_line(key(env, "list", "--passphrase-file", str(third)), WRONG_KEY)
 
 
+def test_passwd_keeps_the_slot_s_cost_unless_told(env: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: passwd without --kdf-* took a slot made with --kdf-memory 64 (for a
+    small host's MemoryMax) to the calibrated 256 MiB, without a word."""
+    second = write(tmp_path / "second", "second passphrase")
+    third = write(tmp_path / "third", "third passphrase")
+    before = next(s for s in slots(env) if s["id"] == 0)
+    ok(key(env, "passwd", "0", "--passphrase-file", str(env.passfile), "--new-passphrase-file",
+           str(second)))  # fmt: skip
+    after = next(s for s in slots(env, "--passphrase-file", str(second)) if s["id"] == 0)
+    assert {k: after["params"][k] for k in "mtp"} == {k: before["params"][k] for k in "mtp"}
+    assert after["params"]["salt"] != before["params"]["salt"]
+    ok(key(env, "passwd", "0", "--passphrase-file", str(second), "--new-passphrase-file",
+           str(third), "--kdf-iterations", "3"))  # fmt: skip
+    told = next(s for s in slots(env, "--passphrase-file", str(third)) if s["id"] == 0)
+    assert told["params"]["t"] == 3 and told["params"]["m"] == before["params"]["m"]
+
+
 def test_new_passphrase_from_environment_and_credentials(env: VolumeEnv, tmp_path: Path) -> None:
     from_env = write(tmp_path / "from-env", "from the environment")
     creds = tmp_path / "creds"
