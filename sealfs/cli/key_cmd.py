@@ -24,7 +24,7 @@ from sealfs.cli.keysource import (
     token_slot_maker,
     unlock_header,
 )
-from sealfs.cli.paths import check_key_file_outside_store, user_path
+from sealfs.cli.paths import check_key_file_outside_store, check_store_is_callers, user_path
 from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown, print_recovery_key
 from sealfs.cli.units import counted
@@ -255,6 +255,7 @@ def _passwd_params(args: argparse.Namespace, slot: Keyslot) -> Argon2Params:
 
 
 def run_add(args: argparse.Namespace) -> int:
+    check_store_is_callers(args.store)
     init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
     if args.kind == KIND_RECOVERY:
         check_key_file_outside_store(args.new_recovery_key_file, args.store)
@@ -303,6 +304,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
+    check_store_is_callers(args.store)
     store = store_from(args)
     removed: list[Keyslot] = []
 
@@ -316,6 +318,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_passwd(args: argparse.Namespace) -> int:
+    check_store_is_callers(args.store)
     init_cmd.check_kdf_options(args)  # before the unlock: a bad option fails at once
     store = store_from(args)
 
@@ -336,6 +339,7 @@ def run_passwd(args: argparse.Namespace) -> int:
 
 
 def run_rotate(args: argparse.Namespace) -> int:
+    check_store_is_callers(args.store)
     store = store_from(args)
     with kms_clients(args) as clients:
 

@@ -21,7 +21,13 @@ from sealfs.cli.daemon import Report, daemonize, reopen_log, stopped_by
 from sealfs.cli.exitcodes import BUG, BUSY, FAILURE, USAGE, exit_code
 from sealfs.cli.keysource import unlocker_for_rekeys
 from sealfs.cli.logs import setup_logging
-from sealfs.cli.paths import inside, make_state_dirs, state_dir, user_path
+from sealfs.cli.paths import (
+    check_store_is_callers,
+    inside,
+    make_state_dirs,
+    state_dir,
+    user_path,
+)
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
@@ -142,6 +148,8 @@ def _options(args: argparse.Namespace) -> VolumeOptions:
 def run_mount(args: argparse.Namespace) -> int:
     conncaps.check_loaded()
     options = _options(args)
+    if not options.read_only:
+        check_store_is_callers(args.store)
     # Resolved: fusermount3 (a mount by a user other than root) refuses a mountpoint
     # that is a symlink, and the mount table holds the real path anyway.
     mountpoint = os.path.realpath(args.mountpoint)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
 
 from sealfs.errors import ConfigError
+from sealfs.keys.header import HEADER_NAME
 from sealfs.store.files import make_dirs
 from sealfs.store.url import is_local_url, local_path, xdg_base_dir
 
@@ -53,3 +55,32 @@ def check_key_file_outside_store(path: str | None, store: str) -> None:
             f"recovery key file {path} is inside the store {root}, which must never hold a"
             " key: write it outside the store (and keep it apart from the store's copies)"
         )
+
+
+def check_store_is_callers(store: str) -> None:
+    """Refuse to change a local store whose volume another user owns.
+
+    Every file sealfs writes is its writer's, mode 0600: run as root on a service
+    user's store (`sudo sealfs key passwd`, a rekey, a mount), a command left the
+    header, segments or re-sealed chunks root's, and the service's next mount failed
+    with "Permission denied", often only at the next restart. A store that is no
+    volume (yet), or S3, is not checked.
+    """
+    if not is_local_url(store):
+        return
+    try:
+        owner = os.stat(local_path(store) / HEADER_NAME).st_uid
+    except OSError:
+        return  # no header there: opening the store says what is wrong
+    if owner == os.geteuid():
+        return
+    try:
+        user = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        user = str(owner)
+    raise ConfigError(
+        f"the volume at {local_path(store)} belongs to user {user} (uid {owner}): files this"
+        f" command wrote there would be this user's, and lock {user} out of it; run it as"
+        f" {user} ('sudo -u {user} sealfs ...'), or give the store to this user first"
+        " (chown -R)"
+    )

@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
 from sealfs.cli.mount_cmd import read_status
+from sealfs.cli.paths import check_store_is_callers
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import format_size
@@ -97,6 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
+    check_store_is_callers(args.store)
     store = store_from(args)
     version = read_header_version(store)
     unlocked = unlock_header(args, version.data)

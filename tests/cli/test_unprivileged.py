@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv, modes_added, python_for_others, sealfs
+from tests.cli.test_bad_input import fingerprint, one_line
+from tests.mounts import VolumeEnv, modes_added, python_for_others, sealfs, write_secret
 from tests.prereq import require
 
 pytestmark = pytest.mark.fuse
 
 NOBODY = 65534
+USAGE = 2
 
 
 def nobody_command(*args: str, caps: str = "") -> list[str]:
@@ -310,3 +312,33 @@ def test_a_user_without_a_home_mounts_with_a_log_file(shared_env: VolumeEnv) -> 
     # Unmounted by root (whom --allow-other lets in): fusermount3, which `sealfs umount`
     # runs, refuses a user it cannot name, as it refused the mount without CAP_SYS_ADMIN.
     assert sealfs("umount", str(env.mnt)).returncode == 0
+
+
+def test_root_changes_no_store_another_user_owns(shared_env: VolumeEnv) -> None:
+    """Regression: `sudo sealfs key passwd` (or key add and remove, a rekey, a mount) on a
+    service user's store left sealfs.vol, segments or re-sealed chunks root's, mode 0600,
+    and the service's next mount failed with "Permission denied"."""
+    env = shared_env
+    give_to_nobody(env)
+    new = write_secret(env.root / "new-passphrase", "another passphrase\n")
+    unlock = ["--passphrase-file", str(env.passfile)]
+    before = fingerprint(env.store)
+    for command in (
+        ["key", "passwd", str(env.store), "0", "--new-passphrase-file", str(new), *unlock],
+        ["key", "remove", str(env.store), "1", *unlock],
+        ["rekey", str(env.store), *unlock],
+        env.mount_args(),
+    ):
+        err = one_line(sealfs(*command), USAGE)
+        assert f"the volume at {env.store} belongs to user nobody (uid {NOBODY})" in err, err
+        assert "run it as nobody ('sudo -u nobody sealfs ...')" in err, err
+    assert not env.is_mounted()
+    # Reading changes nothing: a read-only mount and a status are root's to make.
+    env.mount("--read-only")
+    assert env.store_status()["files"] == 0
+    env.umount()
+    assert fingerprint(env.store) == before
+    env.log.unlink()  # root's read-only mount made it
+    mounted = as_nobody(*env.mount_args())  # and the owner still mounts it
+    assert mounted.returncode == 0, mounted.stderr
+    assert as_nobody("umount", str(env.mnt)).returncode == 0
