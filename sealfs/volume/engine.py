@@ -13,6 +13,7 @@ Raises FsError for POSIX failures and StoreError/IntegrityError for storage.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -211,7 +212,7 @@ class Volume:
 
     def _start_rekey(self) -> None:
         assert self._nursery is not None
-        self.rekey = rekey = Rekeyer(self.loaded, self.commits, self._limiter)
+        self.rekey = rekey = Rekeyer(self.loaded, self.commits, self._limiter, self._chunk_in_use)
         # Fresh each time: a rekey that stopped (a damaged object) may be started again.
         self._rekey_scope = scope = trio.CancelScope()
         self._rekey_stopped = stopped = trio.Event()
@@ -224,6 +225,13 @@ class Volume:
                 stopped.set()
 
         self._nursery.start_soon(run)
+
+    def _chunk_in_use(self, chunk_id: bytes) -> bool:
+        """Whether a file here, or one deleted and still open, has bytes in chunk_id."""
+        files = itertools.chain(self.meta.inodes.values(), self._detached.values())
+        return any(
+            chunk_id in inode.extents.chunk_ids() for inode in files if inode.extents is not None
+        )
 
     async def _stop_rekey(self) -> None:
         """Let the rekey stop between objects before the writer lets go of the volume."""

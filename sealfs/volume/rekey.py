@@ -120,7 +120,15 @@ class RekeyProgress:
 class Rekeyer:
     """Finishes the rekey the volume's KeyRing is in the middle of."""
 
-    def __init__(self, loaded: Loaded, commits: Committer, limiter: trio.CapacityLimiter) -> None:
+    def __init__(
+        self,
+        loaded: Loaded,
+        commits: Committer,
+        limiter: trio.CapacityLimiter,
+        in_use: Callable[[bytes], bool],
+    ) -> None:
+        """in_use: whether a file (one deleted but still open included) has bytes in a
+        chunk id; called on the event loop."""
         old = loaded.keys.retired_epoch
         if old is None:
             raise ValueError("no rekey in progress")
@@ -130,6 +138,7 @@ class Rekeyer:
         self._old = old
         self._commits = commits
         self._limiter = limiter
+        self._in_use = in_use
         self.progress = RekeyProgress(old, loaded.keys.epoch)
         self.done = trio.Event()  # finished: the retired key is gone
         self.ended = trio.Event()  # finished or stopped (see failure)
@@ -252,11 +261,15 @@ class Rekeyer:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
         except (IntegrityError, FormatError) as exc:
             # Refused as it was read (too large) or as it was opened, alike.
-            if not self._never_recorded(name):
+            if not self._never_recorded(name) and not self._unused(name):
                 raise
-            # A chunk no commit ever named: what a crash (a power cut before the chunks'
-            # sync) leaves cut short. No file reads it, so it must not keep every later
-            # rekey from finishing; it stays until unused chunks are collected.
+            # A chunk no commit ever named (what a crash, a power cut before the chunks'
+            # sync, leaves cut short), or one whose files are all gone (nothing is
+            # collected yet). No file reads it, so it must not keep every later rekey
+            # from finishing, and with it the retired key in force: a store could keep
+            # a compromised key valid by damaging one such object. Left as it is, under
+            # the retired epoch, it stays unreadable once that key is dropped; one a
+            # file uses may be damaged only in transit, so that one stops the rekey.
             log.warning("rekey: %s left as it is, not re-sealed (no file uses it): %s", name, exc)
             return 0
         if not size:
@@ -275,6 +288,12 @@ class Rekeyer:
         committed records and those of commits still to come)."""
         chunk_id = _chunk_id(name)
         return chunk_id is not None and chunk_id not in self._loaded.live.chunks
+
+    def _unused(self, name: str) -> bool:
+        """Worker thread: whether name is a chunk no file uses now (asked of the event
+        loop, where the files change)."""
+        chunk_id = _chunk_id(name)
+        return chunk_id is not None and not trio.from_thread.run_sync(self._in_use, chunk_id)
 
     def _reseal_checked(self, name: str, data: bytes) -> int:
         try:

@@ -23,7 +23,7 @@ from sealfs.keys.slots import (
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import CachingStore
-from sealfs.volume.chunks import MAX_SEALED_CHUNK
+from sealfs.volume.chunks import MAX_SEALED_CHUNK, chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import check_writer, claim_writer, open_volume
@@ -287,6 +287,39 @@ async def test_a_damaged_chunk_no_file_uses_does_not_stop_the_rekey(
     assert set(epochs.values()) == {1}
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [w for w in warnings if leftover in w and "not re-sealed" in w]
+
+
+async def test_a_damaged_chunk_whose_files_are_gone_does_not_stop_the_rekey(
+    volume_store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a chunk the chunk table names (nothing is collected) but no file uses
+    any more stopped every rekey for good, and the retired key stayed in force: the
+    only fix named, restoring the object, needs a backup. One a file deleted but still
+    open uses stops it, as one any file uses does (it may be damaged in transit only)."""
+    async with mounted(volume_store) as volume:
+        files = await write_sample(volume, b"k", 1 << 20)
+        victim = await mkfile(volume, ROOT_INO, b"victim", os.urandom(300_000))
+        await volume.fsync()
+        extents = volume.inode(victim).extents
+        assert extents is not None
+        (name,) = {chunk_name(chunk_id) for chunk_id in extents.chunk_ids()}
+    good = volume_store.get(name)
+    volume_store.put(name, good[:40] + bytes([good[40] ^ 1]) + good[41:])
+    start_rekey(volume_store)
+    async with mounted(volume_store) as volume:
+        held = await volume.open(await ino_of(volume, "victim"), os.O_RDONLY)
+        await volume.unlink(ROOT_INO, b"victim")
+        assert volume.rekey is not None
+        with trio.fail_after(60):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.stopped  # the deleted file is open still
+        await volume.release(held)
+    await rekey_to_the_end(volume_store, files)  # no file uses it: left, and finished
+    epochs = object_epochs(volume_store)
+    assert epochs.pop(name) == 0
+    assert set(epochs.values()) == {1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w for w in warnings if name in w and "no file uses it" in w]
 
 
 async def test_a_fenced_writer_never_replaces_a_chunk_the_new_writer_rekeyed(
