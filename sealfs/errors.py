@@ -116,6 +116,11 @@ class FencedError(WriterStoppedError):
     """This writer lost the generation race: another writer committed first."""
 
 
+class VolumeGoneError(WriterStoppedError):
+    """The store no longer holds the log this writer committed: emptied or replaced
+    under the mount."""
+
+
 class StoreError(SealfsError):
     """A store operation failed."""
 

@@ -30,10 +30,12 @@ from sealfs.errors import (
     IntegrityError,
     MetadataTooLargeError,
     ObjectExistsError,
+    ObjectNotFoundError,
     SealfsError,
     StoreError,
     StoreUnavailableError,
     SyncFailedError,
+    VolumeGoneError,
     WriterStoppedError,
 )
 from sealfs.meta import ops
@@ -65,6 +67,9 @@ SNAPSHOT_LOG_SHARE = 4
 # After a failed snapshot, the loop tries again only this much later: compaction replays
 # the whole log since the last snapshot, and a full disk failed it every second.
 SNAPSHOT_RETRY_DELAY = 60.0
+# Seconds between checks that the store still holds the segment committed last (and at
+# the first commit after a failed one): a stat, a HEAD on S3.
+VERIFY_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,10 @@ class Committer:
         # showed nothing in status until the first commit gave up, a store timeout later.
         self.running_since_ns: int | None = None
         self.stopped: WriterStoppedError | None = None  # fenced, or its store lost writes
+        # When the store was last seen to hold the segment committed last (monotonic; the
+        # load just read the log), and whether a failed commit makes the next check due.
+        self._verified_at = time.monotonic()
+        self._verify_due = False
         # A segment create that may have landed: (segment, sealed, digest).
         self._unsure: tuple[Segment, bytes, bytes] | None = None
         self.last_commit_ns = loaded.live.committed_ns
@@ -303,6 +312,7 @@ class Committer:
                 self.failing = None
             except BaseException as exc:
                 self._failure = exc
+                self._verify_due = True  # the store may have been emptied meanwhile
                 if isinstance(exc, SealfsError) and not isinstance(exc, WriterStoppedError):
                     self.failing = Failing.after(self.failing, exc)
                 raise
@@ -571,6 +581,7 @@ class Committer:
     def _publish_sync(self, generation: int, sealed: bytes, digest: bytes) -> None:
         """Worker thread: chunks durable, then the segment created, then it durable."""
         name = segment_name(generation)
+        self._check_log_still_there(generation - 1)
         try:
             self._store.sync()
         except SyncFailedError:
@@ -585,6 +596,31 @@ class Committer:
             if not self._is_ours(generation, name, sealed, digest):
                 raise _fenced(generation) from None
         self._store.sync()
+
+    def _check_log_still_there(self, generation: int) -> None:
+        """Worker thread: VolumeGoneError unless l/<generation>, committed last (by this
+        writer, or its claim at mount), is in the store. Checked at the first commit
+        after a failed one and at most every VERIFY_INTERVAL otherwise.
+
+        A store emptied under the mount (an S3 service back without its objects, a
+        bucket made again after "does not exist", a local store's files removed) took
+        the next segment as any new object: fsync, sync and umount succeeded into a
+        store that held no header, and the volume never mounted again.
+        """
+        now = time.monotonic()
+        if not self._verify_due and now - self._verified_at < VERIFY_INTERVAL:
+            return
+        try:
+            self._store.stat(segment_name(generation))
+        except ObjectNotFoundError:
+            raise VolumeGoneError(
+                f"the store no longer holds this volume's log: {segment_name(generation)},"
+                " committed last, is gone (the store was emptied or replaced under the mount);"
+                " nothing more is committed: copy out what must be kept, then unmount, and"
+                " restore the store from a backup"
+            ) from None
+        self._verified_at = now
+        self._verify_due = False
 
     def _taken_over(self, generation: int, name: str, sealed: bytes, digest: bytes) -> bool:
         """Whether another writer has committed generation (False when unsure)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.mounts import VolumeEnv
+from tests.mounts import VolumeEnv, sealfs
 from tests.store.conftest import mounted_tmpfs
 
 pytestmark = pytest.mark.fuse
@@ -62,3 +63,28 @@ def test_a_full_store_disk_is_logged_once_not_at_every_fsync(tmp_path: Path) -> 
             env.umount()
         finally:
             env.cleanup()
+
+
+def test_a_store_emptied_under_the_mount_stops_it_instead_of_taking_commits(
+    mounted_env: VolumeEnv,
+) -> None:
+    """Regression: with the store's files removed (the directory kept), the next
+    segment was created as any new file: sync and umount succeeded, and the volume,
+    its header gone, never mounted again, with all that was acknowledged since."""
+    env = mounted_env
+    (env.mnt / "before").write_text("committed")
+    assert sealfs("sync", str(env.mnt)).returncode == 0
+    for path in sorted(env.store.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    time.sleep(1.2)  # past the interval between two checks of the store
+    (env.mnt / "after").write_text("never committed")
+    synced = sealfs("sync", str(env.mnt))
+    assert synced.returncode == 1, synced.stderr
+    assert "the store no longer holds this volume's log" in synced.stderr, synced.stderr
+    with pytest.raises(OSError) as refused:
+        (env.mnt / "later").write_text("x")
+    assert refused.value.errno == errno.EROFS
+    assert not list(env.store.glob("l/*"))  # nothing published into the emptied store
+    gone = sealfs("umount", str(env.mnt))
+    assert gone.returncode == 1 and "had stopped committing; unmounted it" in gone.stderr
+    assert not env.is_mounted()

@@ -25,6 +25,7 @@ from sealfs.errors import (
     StoreError,
     StoreUnavailableError,
     SyncFailedError,
+    VolumeGoneError,
 )
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
@@ -466,6 +467,82 @@ async def test_failed_commit_raises_and_keeps_the_data(
         assert state.inodes[f].xattrs == {b"user.k": b"v"}
     async with session(faulty.inner) as v:
         assert await read_all(v, await ino_of(v, "d/f")) == data
+
+
+def empty(store: MemoryStore) -> None:
+    """What an S3 service back without its objects, or a local store's files removed,
+    leave: nothing, under a live mount."""
+    for name in store.list(""):
+        store.delete(name)
+
+
+async def test_a_store_emptied_under_the_mount_stops_the_writer(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the next segment went into the emptied store as any new object, fsync
+    and unmount succeeded, and the volume (its header gone) never mounted again, with
+    everything acknowledged since."""
+    monkeypatch.setattr(committer, "VERIFY_INTERVAL", 0.0)
+    store = faulty.inner
+    assert isinstance(store, MemoryStore)
+    with pytest.RaisesGroup(VolumeGoneError, flatten_subgroups=True):  # the unmount's too
+        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+            await mkfile(v, ROOT_INO, b"before", b"committed")
+            await v.fsync()
+            empty(store)
+            await mkfile(v, ROOT_INO, b"after", b"acknowledged, and lost")
+            with pytest.raises(VolumeGoneError, match="no longer holds this volume's log"):
+                await v.fsync()
+            assert isinstance(v.commits.stopped, VolumeGoneError)
+            with pytest.raises(VolumeGoneError):
+                await v.fsync()  # and every later one
+    assert store.list("l/") == []  # no segment written into the emptied store
+
+
+async def test_the_first_commit_after_a_failed_one_checks_the_store_at_once(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket gone ("does not exist: create it first") and made again empty: the
+    commit that succeeds once it is back checks, however soon after the last check."""
+    monkeypatch.setattr(committer, "VERIFY_INTERVAL", 3600.0)
+    store = faulty.inner
+    assert isinstance(store, MemoryStore)
+    with pytest.RaisesGroup(VolumeGoneError, flatten_subgroups=True):  # the unmount's too
+        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+            await mkfile(v, ROOT_INO, b"a", b"one")
+            await v.fsync()  # within the interval: no check
+            faulty.fail_next("put_if_absent", "l/", "unavailable")
+            await mkfile(v, ROOT_INO, b"b", b"two")
+            with pytest.raises(StoreUnavailableError):
+                await v.fsync()
+            empty(store)
+            with pytest.raises(VolumeGoneError):
+                await v.fsync()
+
+
+class CountingStats(WrappedStore):
+    """Wraps a store; records the name of every stat."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.stats: list[str] = []
+
+    def stat(self, name: str) -> Any:
+        self.stats.append(name)
+        return self.inner.stat(name)
+
+
+async def test_a_store_that_keeps_the_log_is_checked_without_stopping_anything(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "VERIFY_INTERVAL", 0.0)
+    store = CountingStats(faulty.inner)
+    async with session(store, **QUIET) as v:  # type: ignore[arg-type]
+        for k in range(5):
+            await mkfile(v, ROOT_INO, b"f%d" % k, b"x" * k)
+            await v.fsync()
+            assert store.stats[-1] == segment_name(v.commits.generation - 1)
+        assert v.commits.stopped is None
 
 
 class GivingUpStore(WrappedStore):
