@@ -21,6 +21,11 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
 MAX_NAME_LENGTH = 200
 
 
+# Where init's check of an S3 store's conditional writes puts its object, deleted again
+# (left only by an init cut short).
+PROBE_PREFIX = "probe/"
+
+
 def validate_name(name: str) -> str:
     """Return name unchanged, or raise ConfigError if it is not a valid object name."""
     if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name) or ".." in name:

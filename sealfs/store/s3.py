@@ -54,6 +54,7 @@ from sealfs.errors import (
     without_userinfo,
 )
 from sealfs.store.base import (
+    PROBE_PREFIX,
     ObjectInfo,
     ObjectStore,
     is_valid_name,
@@ -68,7 +69,6 @@ T = TypeVar("T")
 FREE_BYTES = 1 << 50  # S3 is unbounded for statfs purposes: report 1 PiB
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
-PROBE_PREFIX = "probe/"
 
 # Error codes (and HTTP statuses) worth retrying: throttling, server trouble, timeouts.
 _TRANSIENT_CODES = frozenset({

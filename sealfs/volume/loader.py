@@ -67,7 +67,7 @@ from sealfs.meta.codec import (
 from sealfs.meta.compact import Snapshot
 from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
-from sealfs.store.base import ObjectStore
+from sealfs.store.base import PROBE_PREFIX, ObjectStore
 
 log = logging.getLogger("sealfs.volume")
 
@@ -113,6 +113,15 @@ def check_store_is_empty(store: ObjectStore) -> None:
                 f"{store.describe()} holds only {held[0]}, left by an init that was cut short"
                 f" before its header: if no other init is running on it, delete {held[0]}"
                 " and run init again"
+            )
+        if all(name.startswith(PROBE_PREFIX) for name in held):
+            # Init's own check of conditional writes, cut short (Ctrl-C, a kill, a lost
+            # connection) before it deleted its object: "not empty" named no way out.
+            them = held[0] if len(held) == 1 else f"{held[0]} and {len(held) - 1} more"
+            raise VolumeExistsError(
+                f"{store.describe()} holds only {them} under {PROBE_PREFIX}, left by an init"
+                " cut short while it checked the store: if no other init is running on it,"
+                f" delete {PROBE_PREFIX} there and run init again"
             )
         some = "1 object:" if len(held) == 1 else f"{len(held)} objects, such as"
         raise VolumeExistsError(

@@ -285,6 +285,26 @@ def test_a_store_holding_something_else_is_refused_naming_an_object_and_the_s3_f
         create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
 
 
+def test_an_init_cut_short_while_it_probed_the_store_is_named_with_the_way_out(
+    kdf_params: Argon2Params,
+) -> None:
+    """Regression: Ctrl-C (or a kill, or a lost connection) between the probe object's
+    create and its delete left the S3 prefix "not empty" for good, naming no way out."""
+    store = MemoryStore()
+    store.put("probe/a437203e8bd59052", b"left behind")
+    with pytest.raises(VolumeExistsError) as refused:
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    said = str(refused.value)
+    assert "holds only probe/a437203e8bd59052 under probe/, left by an init cut short" in said
+    assert "delete probe/ there and run init again" in said
+    store.put("probe/0123456789abcdef", b"another")
+    with pytest.raises(VolumeExistsError, match=r"probe/0123456789abcdef and 1 more under"):
+        create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    for name in store.list("probe/"):
+        store.delete(name)
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+
+
 @pytest.mark.parametrize(
     ("method", "fault"), [("put_if_absent", "nospace"), ("sync", "flush_failed")]
 )
