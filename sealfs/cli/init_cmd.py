@@ -130,9 +130,13 @@ def _create(args: argparse.Namespace) -> int:
     )
     check_store_is_empty(store)  # before any question, and before the probe writes to it
     if is_s3_url(args.store):
-        from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow
+        from sealfs.store.s3 import (  # noqa: PLC0415 - boto3 is slow
+            probe_conditional_writes,
+            warn_if_versioned,
+        )
 
         probe_conditional_writes(store)  # before any question: refuse an unsafe service at once
+        warn_if_versioned(store)
     with init_slot_makers(args) as extra_slots:
         # With a KMS key or a token and no passphrase source: no passphrase slot.
         with_passphrase = not extra_slots or passphrase_configured(args)

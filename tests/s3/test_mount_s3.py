@@ -28,7 +28,7 @@ from tests.fuse.test_follow import wait_until
 from tests.mounts import CHEAP_KDF, PASSPHRASE, force_unmount, mounted_sealfs, sealfs, write_secret
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
-from tests.s3.server import all_objects
+from tests.s3.server import all_objects, client, new_bucket
 
 pytestmark = [pytest.mark.s3, pytest.mark.fuse]
 
@@ -741,3 +741,23 @@ def test_a_read_only_mount_follows_the_writer_through_a_shared_cache(s3_env: S3V
             force_unmount(str(ro))
     assert done.returncode == 0, done.stderr
     env.umount()
+
+
+def test_a_bucket_that_keeps_versions_is_warned_about(
+    tmp_path: Path, bucket: str, moto: str
+) -> None:
+    """Regression: a versioned bucket was taken without a word, where every header a key
+    change replaced (a removed keyslot, an old passphrase's) and every object a rekey
+    re-sealed stays readable as a noncurrent version, under the old key."""
+    client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    env = S3VolumeEnv(tmp_path / "versioned", url=f"s3://{bucket}/vol", endpoint=moto)
+    made = env.init()
+    assert f"bucket {bucket} keeps object versions" in made.stderr, made.stderr
+    assert "expire noncurrent versions" in made.stderr
+    mounted = env.mount()
+    try:
+        assert f"bucket {bucket} keeps object versions" in mounted.stderr, mounted.stderr
+    finally:
+        env.umount()
+    plain = S3VolumeEnv(tmp_path / "plain", url=f"s3://{new_bucket()}/vol", endpoint=moto)
+    assert "versions" not in plain.init().stderr
