@@ -26,7 +26,7 @@ import trio
 
 from sealfs.errors import ConfigError, MountpointBusyError, SealfsError, first_leaf
 from sealfs.fuse import conncaps
-from sealfs.fuse.operations import Operations
+from sealfs.fuse.operations import Operations, stop_dropping_pages
 from sealfs.volume.engine import Volume
 
 log = logging.getLogger("sealfs.fuse")
@@ -35,6 +35,8 @@ READ_AHEAD_KB = 1024  # perf notes: 1.8-1.95x faster cold sequential reads than 
 # Seconds without a commit (or, read-only, a replayed one) before an idle daemon gives its
 # freed heap memory back to the system (see trim_when_idle).
 IDLE_TRIM_AFTER = 10.0
+# Seconds an exit waits for a follower's page drop in the kernel before it frees the session.
+DROP_WAIT = 5.0
 
 
 # Each ends the daemon after a final commit: SIGQUIT too, which Ctrl-\ sends to a
@@ -171,6 +173,7 @@ def serve(
     finally:
         # Whatever ended the loop is what the caller must report: a failing close must
         # not replace it.
+        stop_dropping_pages(DROP_WAIT)
         with contextlib.suppress(Exception):
             pyfuse3.close(unmount=unmount or not served)  # nobody used it yet
 

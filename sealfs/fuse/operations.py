@@ -14,11 +14,13 @@ import functools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
+import trio
 
 from sealfs.errors import (
     FencedError,
@@ -128,22 +130,67 @@ def _boundary(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[
 
 
 def _forget_changes(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
-    """Make the kernel ask again for the attributes of inodes a follower replayed, and
-    look again for the names it changed.
+    """Make the kernel ask again for the attributes of inodes a follower replayed, drop
+    their pages, and look again for the names it changed.
 
     It kept a read-only mount's attributes for a second: a log the writer had appended
-    to was read cut at its old size after the append was replayed. Attributes only:
+    to was read cut at its old size after the append was replayed. Attributes here:
     dropping pages waits for page locks a read in flight holds, and that read waits
-    for this loop. With them the kernel drops a changed file's pages itself at its
-    next read (auto_inval_data). Names go through pyfuse3's notification thread: the
-    kernel takes the directory's lock to drop one, which a lookup waiting for this
-    loop may hold. A name the kernel never cached is no error (ignore_enoent).
+    for this loop. The kernel drops a changed file's pages itself at its next read(2)
+    (auto_inval_data), but an access to a page a program mapped is none: a mapping
+    kept the old bytes for good. So pages are dropped too, mapped ones included, from
+    a worker thread, while this loop answers the reads that hold them. Names go
+    through pyfuse3's notification thread: the kernel takes the directory's lock to
+    drop one, which a lookup waiting for this loop may hold. A name the kernel never
+    cached is no error (ignore_enoent).
     """
     for ino in inodes:
         with contextlib.suppress(OSError):  # forgotten by the kernel meanwhile
             pyfuse3.invalidate_inode(ino, attr_only=True)
     for parent, name in names:
         pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+    if inodes:
+        trio.lowlevel.spawn_system_task(_drop_pages, inodes)
+
+
+class _PageDrops:
+    """Whether worker threads may still have the kernel drop pages through the FUSE
+    session, which pyfuse3.close() frees (see stop_dropping_pages); the lock is held
+    while one does."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.closing = False
+
+
+_drops = _PageDrops()
+
+
+async def _drop_pages(inodes: list[int]) -> None:
+    # Abandoned at the end of the loop: the kernel may wait for a page lock that a read
+    # nobody answers any more holds (a loop stopped by a bug).
+    await trio.to_thread.run_sync(_drop_pages_now, inodes, abandon_on_cancel=True)
+
+
+def _drop_pages_now(inodes: list[int]) -> None:
+    """Worker thread: the kernel's pages of inodes, mapped ones too (pyfuse3 lets go of
+    the GIL while the kernel works)."""
+    for ino in inodes:
+        with _drops.lock:
+            if _drops.closing:
+                return
+            with contextlib.suppress(OSError):
+                pyfuse3.invalidate_inode(ino, attr_only=False)
+
+
+def stop_dropping_pages(wait: float) -> None:
+    """Before pyfuse3.close(): let a drop in the kernel end (up to wait seconds; at an
+    unmount no file is open, so none waits for a read), and start no more, so that no
+    thread uses the session once it is freed."""
+    held = _drops.lock.acquire(timeout=wait)
+    _drops.closing = True
+    if held:
+        _drops.lock.release()
 
 
 class Operations(pyfuse3.Operations):
