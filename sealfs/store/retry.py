@@ -97,7 +97,8 @@ class RetryingStore(StoreWrapper):
             self._sleep(delay)
         elapsed = self._clock() - start
         raise StoreUnavailableError(
-            f"store {self.inner.describe()} unreachable after {attempt} attempts"
+            f"store {self.inner.describe()} unreachable after {attempt}"
+            f" attempt{'' if attempt == 1 else 's'}"
             f" over {elapsed:.1f} s: {last}: check the network and the store's address;"
             " --store-timeout sets how long sealfs keeps trying"
         ) from last

@@ -89,6 +89,13 @@ class Failing:
         return Failing(since_ns=last.since_ns, error=str(exc), attempts=last.attempts + 1)
 
 
+def _failed_attempts(failing: Failing) -> str:
+    """The count of failed attempts, singular for one ("after 1 failed attempts" read as
+    a slip)."""
+    n = failing.attempts
+    return f"{n} failed attempt{'' if n == 1 else 's'}"
+
+
 class RetryLog:
     """Logs the failures of an attempt that a loop retries, without a line per attempt.
 
@@ -110,14 +117,14 @@ class RetryLog:
     def failed(self, exc: BaseException) -> None:
         now = time.monotonic()
         if type(exc) is not self._kind or now - self._logged_at >= self.REPEAT_AFTER:
-            more = f" ({self.failing.attempts} failed attempts so far)" if self.failing else ""
+            more = f" ({_failed_attempts(self.failing)} so far)" if self.failing else ""
             log.log(self._level, "%s failed, will retry%s: %s", self.what, more, exc)
             self._kind, self._logged_at = type(exc), now
         self.failing = Failing.after(self.failing, exc)
 
     def succeeded(self) -> None:
         if self.failing:
-            log.info("%s succeeded after %d failed attempts", self.what, self.failing.attempts)
+            log.info("%s succeeded after %s", self.what, _failed_attempts(self.failing))
         self._kind, self.failing = None, None
 
 

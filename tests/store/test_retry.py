@@ -97,6 +97,14 @@ def test_gives_up_after_attempts_with_store_unavailable() -> None:
     assert memory.counts["put"] == 0
 
 
+def test_one_attempt_is_said_in_the_singular() -> None:
+    """Regression: "unreachable after 1 attempts" (a --store-timeout shorter than a try)."""
+    store, faulty, _ = make(FakeClock(), attempts=1)
+    faulty.fail_next("put", "", "transient", times=10)
+    with pytest.raises(StoreUnavailableError, match="unreachable after 1 attempt over"):
+        store.put("c/ab/x", b"x")
+
+
 @pytest.mark.parametrize(
     ("method", "fault", "error"),
     [
