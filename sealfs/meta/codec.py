@@ -55,7 +55,10 @@ def parse_generation(name: str) -> int:
     """The generation in a segment or snapshot name; FormatError for a foreign name."""
     digits = name.rpartition("/")[2]
     if len(digits) != _GEN_WIDTH or not digits.isdigit():
-        raise FormatError(f"unexpected object name {name!r} in the store")
+        raise FormatError(
+            f"unexpected object name {name!r} in the store (sealfs names these {_GEN_WIDTH}"
+            " digits): move it out of the store"
+        )
     return int(digits)
 
 

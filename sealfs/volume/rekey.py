@@ -327,7 +327,10 @@ class Rekeyer:
         if name.startswith(CHUNK_PREFIX):
             chunk_id = _chunk_id(name)
             if chunk_id is None:
-                raise FormatError(f"unexpected object name {name!r} in the store")
+                raise FormatError(
+                    f"unexpected object name {name!r} in the store (not a chunk's): move it"
+                    " out of the store"
+                )
             return ObjectKind.CHUNK, chunk_binding(vid, chunk_id)
         kind = ObjectKind.SNAPSHOT if name.startswith(SNAPSHOT_PREFIX) else ObjectKind.SEGMENT
         return kind, generation_binding(vid, parse_generation(name))

@@ -212,6 +212,9 @@ def test_names_are_fixed_width_and_sort_by_generation() -> None:
     for bad in ("l/12", "l/abcdefghijklmnop", "s/", "l/-000000000000001"):
         with pytest.raises(FormatError):
             parse_generation(bad)
+    # A copy an operator left beside a segment names the way out (it named none).
+    with pytest.raises(FormatError, match=r"'l/0000000000000099.bak'.*move it out of the store"):
+        parse_generation("l/0000000000000099.bak")
 
 
 def sealed_payload(kind: ObjectKind, gen: int, payload: object) -> bytes:
