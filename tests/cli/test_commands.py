@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shlex
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sealfs.cli.mount_cmd import _daemon_log
+from sealfs.cli.mount_cmd import _daemon_log, _say_if_rekey_unfinished
 from sealfs.cli.status_cmd import _rows
 from tests.fuse.test_crash import mount_with_a_bug
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs, write_secret
@@ -566,6 +567,21 @@ def test_umount_with_a_mount_inside_names_that_mount(mounted_env: VolumeEnv) -> 
     finally:
         subprocess.run(["umount", str(nest)], check=True)
     env.umount()
+
+
+def test_umount_says_when_it_stopped_a_rekey_before_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: an unmount during `sealfs rekey --no-wait` stopped the rekey between
+    objects without a word; only `key list` showed the retired key still there."""
+    running = {"rekey": {"to_epoch": 2, "checked": 9, "listed": 16, "finished": False}}
+    with caplog.at_level(logging.WARNING, logger="sealfs.cli"):
+        _say_if_rekey_unfinished(running)
+        _say_if_rekey_unfinished({"rekey": {**running["rekey"], "finished": True}})
+        _say_if_rekey_unfinished({"rekey": None})
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith("the rekey to key epoch 2 was not finished (9 of 16 objects")
+    assert "the next read-write mount, or 'sealfs rekey', finishes it" in said
 
 
 def test_read_only_mount_refuses_writes(volume_env: VolumeEnv) -> None:
