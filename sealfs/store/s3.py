@@ -308,6 +308,20 @@ def _check_endpoint(endpoint: str | None, source: str) -> None:
         )
 
 
+def _check_no_bucket_in(endpoint: str | None, source: str, bucket: str) -> None:
+    """Raise ConfigError for an endpoint whose path ends with the bucket's name: with
+    path-style addressing every key then went under /BUCKET/BUCKET/..., and the volume
+    read as "not a sealfs volume" (a path of a proxy in front of the service is kept)."""
+    if not endpoint:
+        return
+    path = urlsplit(endpoint).path.strip("/")
+    if path and path.rsplit("/", 1)[-1] == bucket:
+        raise ConfigError(
+            f"the S3 endpoint in {source} ends with the bucket's name (/{bucket}): the bucket"
+            " goes in the store URL only (s3://BUCKET/PREFIX); give the endpoint without it"
+        )
+
+
 def _without_expect_continue(request: Any, **_: Any) -> None:
     """Send a PutObject's body with its headers, not after a "100 Continue".
 
@@ -373,6 +387,7 @@ class S3Store:
         self.endpoint_url = endpoint_url or None
         # First: urlsplit raises ValueError for a malformed [IPv6 address].
         _check_endpoint(self._custom_endpoint(), self._endpoint_source())
+        _check_no_bucket_in(self._custom_endpoint(), self._endpoint_source(), self.bucket)
         if endpoint_url and "@" in urlsplit(endpoint_url).netloc:
             raise ConfigError(
                 "the S3 endpoint URL takes no credentials: use the environment, a profile"

@@ -644,6 +644,14 @@ def test_an_ipv6_endpoint_without_brackets_or_with_bad_ones_is_a_config_error_sa
     assert "pw" not in str(info.value)
 
 
+def test_an_endpoint_ending_with_the_bucket_s_name_is_refused_saying_where_it_goes() -> None:
+    """Regression: --s3-endpoint http://host:port/vols with s3://vols/... put every key
+    under /vols/vols/ and the volume read as "not a sealfs volume"."""
+    with pytest.raises(ConfigError, match=r"--s3-endpoint ends with the bucket's name \(/vols\)"):
+        S3Store("vols", "p", endpoint_url="http://127.0.0.1:9000/vols/")
+    S3Store("vols", "p", endpoint_url="http://127.0.0.1:9000/s3")  # a proxy's path is kept
+
+
 def test_a_bracketed_ipv6_endpoint_works(moto_v6: str, bucket: str) -> None:
     store = S3Store(bucket, "p", endpoint_url=moto_v6)
     store.put_if_absent("l/0000000000000001", b"segment")
