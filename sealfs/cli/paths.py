@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import tempfile
 from pathlib import Path
 
 from sealfs.errors import ConfigError
 from sealfs.keys.header import HEADER_NAME
 from sealfs.store.files import make_dirs
+from sealfs.store.local import TEMP_PREFIX
 from sealfs.store.url import is_local_url, local_path, xdg_base_dir
 
 
@@ -64,23 +66,39 @@ def check_store_is_callers(store: str) -> None:
     user's store (`sudo sealfs key passwd`, a rekey, a mount), a command left the
     header, segments or re-sealed chunks root's, and the service's next mount failed
     with "Permission denied", often only at the next restart. A store that is no
-    volume (yet), or S3, is not checked.
+    volume (yet), or S3, is not checked; nor one where what this process creates
+    comes out the volume owner's anyway (NFS squashing root or every user, a file
+    system that shows one owner for all).
     """
     if not is_local_url(store):
         return
+    root = local_path(store)
     try:
-        owner = os.stat(local_path(store) / HEADER_NAME).st_uid
+        owner = os.stat(root / HEADER_NAME).st_uid
     except OSError:
         return  # no header there: opening the store says what is wrong
-    if owner == os.geteuid():
+    if owner == os.geteuid() or _created_as(root) in (owner, None):
         return
     try:
         user = pwd.getpwuid(owner).pw_name
     except KeyError:
         user = str(owner)
     raise ConfigError(
-        f"the volume at {local_path(store)} belongs to user {user} (uid {owner}): files this"
-        f" command wrote there would be this user's, and lock {user} out of it; run it as"
-        f" {user} ('sudo -u {user} sealfs ...'), or give the store to this user first"
-        " (chown -R)"
+        f"the volume at {root} belongs to user {user} (uid {owner}): files this command"
+        f" wrote there would be this user's, and lock {user} out of it; run it as {user}"
+        f" ('sudo -u {user} sealfs ...'), or give the store to this user first (chown -R)"
     )
+
+
+def _created_as(root: Path) -> int | None:
+    """The owner a file this process creates in root comes out with; None if it may
+    create none there (the command then fails on that, saying so)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=root)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sealfs.cli.paths import _created_as
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.mounts import VolumeEnv, modes_added, python_for_others, sealfs, write_secret
 from tests.prereq import require
@@ -342,3 +343,12 @@ def test_root_changes_no_store_another_user_owns(shared_env: VolumeEnv) -> None:
     mounted = as_nobody(*env.mount_args())  # and the owner still mounts it
     assert mounted.returncode == 0, mounted.stderr
     assert as_nobody("umount", str(env.mnt)).returncode == 0
+
+
+def test_what_a_command_creates_in_a_store_is_looked_at_not_guessed(tmp_path: Path) -> None:
+    """The refusal above is for files that would come out another user's; where the file
+    system gives every file one owner (NFS squashing, say) the command goes on. The
+    probe leaves nothing behind, and a store it may not create in is no refusal."""
+    assert _created_as(tmp_path) == os.geteuid()
+    assert list(tmp_path.iterdir()) == []
+    assert _created_as(tmp_path / "missing") is None
