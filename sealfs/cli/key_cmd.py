@@ -27,7 +27,6 @@ from sealfs.cli.keysource import (
 from sealfs.cli.paths import check_key_file_outside_store, check_store_is_callers, user_path
 from sealfs.cli.secrets import check_new_key_file, get_passphrase, secret_file_for_new_slot
 from sealfs.cli.stdio import check_recovery_key_shown, print_recovery_key
-from sealfs.cli.units import counted
 from sealfs.cli.unlock import add_unlock_options, store_from
 from sealfs.errors import ConfigError, FormatError
 from sealfs.keys.edit import add_slot, find_slot, remove_slot, replace_slot
@@ -51,6 +50,7 @@ from sealfs.keys.slots import (
 from sealfs.store.base import ObjectStore
 from sealfs.volume.header_io import HeaderVersion, read_header_version, write_header
 from sealfs.volume.loader import read_header
+from sealfs.wording import counted
 
 ADD_KINDS = (KIND_PASSPHRASE, KIND_RECOVERY, KIND_AWS_KMS, KIND_PKCS11)
 

@@ -31,7 +31,7 @@ from sealfs.cli.paths import (
 from sealfs.cli.sdnotify import notify_ready
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
-from sealfs.cli.units import format_time, parse_size, seconds, with_article
+from sealfs.cli.units import format_time, parse_size, seconds
 from sealfs.cli.unlock import (
     MOUNT_TIMEOUT_HELP,
     add_cache_options,
@@ -72,6 +72,7 @@ from sealfs.volume.loader import (
     pid_alive,
 )
 from sealfs.volume.options import VolumeOptions
+from sealfs.wording import with_article
 
 log = logging.getLogger("sealfs.cli")
 # Shorter, an idle daemon spun on its commit (or follow) timer: --commit-interval 1e-9

@@ -15,7 +15,7 @@ from rich.table import Table
 from sealfs.cli.commands import COMMANDS
 from sealfs.cli.mount_cmd import daemon_log_file, mounted_status, read_status
 from sealfs.cli.paths import user_path
-from sealfs.cli.units import counted, format_size, format_time
+from sealfs.cli.units import format_size, format_time
 from sealfs.cli.unlock import add_unlock_options, unlock_seen
 from sealfs.errors import ConfigError, NotAVolumeError, SealfsError
 from sealfs.fuse.mount import is_empty_dir, mount_kind, mount_table, sealfs_mount_above
@@ -25,6 +25,7 @@ from sealfs.volume.engine import Volume
 from sealfs.volume.loader import Loaded, writer_alive
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.status import volume_status
+from sealfs.wording import counted
 
 COMMIT_NEWS_AFTER = 1.0  # seconds; a commit quicker than this is routine, not news
 

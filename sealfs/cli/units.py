@@ -30,13 +30,6 @@ def format_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def counted(n: int, word: str) -> str:
-    """n and word, with an s unless n is 1: "1 chunks" and "1 passes" read as slips."""
-    if n == 1:
-        return f"1 {word}"
-    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
-
-
 def seconds(value: float, option: str, *, zero: bool = False, minimum: float = 0.0) -> float:
     """value, if it is a finite number of seconds, at least minimum: NaN passed a
     `<= 0` check and wedged the mount (a timer of NaN seconds fails inside the commit
@@ -47,12 +40,6 @@ def seconds(value: float, option: str, *, zero: bool = False, minimum: float = 0
     if value < minimum:
         raise ConfigError(f"{option} must be at least {minimum:g} seconds, not {value:g}")
     return value
-
-
-def with_article(noun: str) -> str:
-    """noun after "a" or "an", as it is spoken for the words a mount table holds
-    ("an ext4", "a fuse.gocryptfs"): "is a ext4 mount" read as a slip."""
-    return f"an {noun}" if noun[:1].lower() in ("a", "e", "i", "o") else f"a {noun}"
 
 
 def format_time(at_ns: int) -> str:

@@ -30,6 +30,7 @@ from sealfs.store.base import (
     ObjectStore,
     StoreWrapper,
 )
+from sealfs.wording import counted
 
 T = TypeVar("T")
 log = logging.getLogger("sealfs.store")
@@ -97,8 +98,7 @@ class RetryingStore(StoreWrapper):
             self._sleep(delay)
         elapsed = self._clock() - start
         raise StoreUnavailableError(
-            f"store {self.inner.describe()} unreachable after {attempt}"
-            f" attempt{'' if attempt == 1 else 's'}"
+            f"store {self.inner.describe()} unreachable after {counted(attempt, 'attempt')}"
             f" over {elapsed:.1f} s: {last}: check the network and the store's address;"
             " --store-timeout sets how long sealfs keeps trying"
         ) from last

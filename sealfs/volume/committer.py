@@ -55,6 +55,7 @@ from sealfs.volume.buffers import SparseBuffer
 from sealfs.volume.chunks import RESERVED_WORKERS, small_batch_size
 from sealfs.volume.filedata import Detached, FileData, record
 from sealfs.volume.loader import Loaded, collector_paused
+from sealfs.wording import counted
 
 log = logging.getLogger("sealfs.volume")
 
@@ -89,13 +90,6 @@ class Failing:
         return Failing(since_ns=last.since_ns, error=str(exc), attempts=last.attempts + 1)
 
 
-def _failed_attempts(failing: Failing) -> str:
-    """The count of failed attempts, singular for one ("after 1 failed attempts" read as
-    a slip)."""
-    n = failing.attempts
-    return f"{n} failed attempt{'' if n == 1 else 's'}"
-
-
 class RetryLog:
     """Logs the failures of an attempt that a loop retries, without a line per attempt.
 
@@ -117,14 +111,20 @@ class RetryLog:
     def failed(self, exc: BaseException) -> None:
         now = time.monotonic()
         if type(exc) is not self._kind or now - self._logged_at >= self.REPEAT_AFTER:
-            more = f" ({_failed_attempts(self.failing)} so far)" if self.failing else ""
+            more = (
+                f" ({counted(self.failing.attempts, 'failed attempt')} so far)"
+                if self.failing
+                else ""
+            )
             log.log(self._level, "%s failed, will retry%s: %s", self.what, more, exc)
             self._kind, self._logged_at = type(exc), now
         self.failing = Failing.after(self.failing, exc)
 
     def succeeded(self) -> None:
         if self.failing:
-            log.info("%s succeeded after %s", self.what, _failed_attempts(self.failing))
+            log.info(
+                "%s succeeded after %s", self.what, counted(self.failing.attempts, "failed attempt")
+            )
         self._kind, self.failing = None, None
 
 

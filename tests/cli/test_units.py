@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sealfs.cli.units import counted, format_size, parse_size, seconds, with_article
+from sealfs.cli.units import format_size, parse_size, seconds
 from sealfs.errors import ConfigError
 
 
@@ -38,19 +38,6 @@ def test_a_size_that_is_not_one_names_the_units() -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "word", "text"),
-    [
-        (1, "chunk", "1 chunk"),
-        (0, "chunk", "0 chunks"),
-        (2, "pass", "2 passes"),
-        (1, "pass", "1 pass"),
-    ],
-)
-def test_a_count_of_one_is_singular(n: int, word: str, text: str) -> None:
-    assert counted(n, word) == text
-
-
-@pytest.mark.parametrize(
     ("value", "shown"), [(0.0, "0"), (-1.0, "-1"), (float("nan"), "nan"), (1e-9, "1e-09")]
 )
 def test_seconds_refused_are_shown_as_typed(value: float, shown: str) -> None:
@@ -62,12 +49,3 @@ def test_seconds_refused_are_shown_as_typed(value: float, shown: str) -> None:
 def test_seconds_at_the_minimum_are_taken() -> None:
     assert seconds(0.01, "--commit-interval", minimum=0.01) == 0.01
     assert seconds(0.0, "--timeout", zero=True) == 0.0
-
-
-@pytest.mark.parametrize(
-    ("kind", "text"),
-    [("ext4", "an ext4"), ("tmpfs", "a tmpfs"), ("fuse.gocryptfs", "a fuse.gocryptfs"),
-     ("overlay", "an overlay")],
-)  # fmt: skip
-def test_a_mount_type_takes_the_article_it_is_read_with(kind: str, text: str) -> None:
-    assert with_article(kind) == text
