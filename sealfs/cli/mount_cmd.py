@@ -629,20 +629,28 @@ def run_umount(args: argparse.Namespace) -> int:
             f" {_last_commit_of(after or status)}), see {_daemon_log(status)}"
         )
         return FAILURE
-    last = mounted_status(mnt) or status  # a rekey may have ended meanwhile
+    if _rekey_unfinished(status):
+        # Asked again only then: a status sums every file, and the rekey may have ended.
+        status = mounted_status(mnt) or status
     if (code := _fusermount(mnt, lazy=False)) != 0:
         return code
     code = _wait_for_exit(pid, args.timeout)
-    _say_if_rekey_unfinished(last)
+    _say_if_rekey_unfinished(status)
     return code
+
+
+def _rekey_unfinished(status: dict[str, object]) -> dict[str, object] | None:
+    """The daemon's rekey progress, if it runs one not finished yet."""
+    rekey = status.get("rekey")
+    return rekey if isinstance(rekey, dict) and not rekey.get("finished") else None
 
 
 def _say_if_rekey_unfinished(status: dict[str, object]) -> None:
     """An unmount stops the daemon's rekey (`sealfs rekey --no-wait`) between objects,
     and said nothing: only `key list` or a status of the store showed the retired key
     still in the header."""
-    rekey = status.get("rekey")
-    if not isinstance(rekey, dict) or rekey.get("finished"):
+    rekey = _rekey_unfinished(status)
+    if rekey is None:
         return
     log.warning(
         "the rekey to key epoch %s was not finished (%s of %s objects checked): the next"
