@@ -161,11 +161,38 @@ def get_passphrase(explicit_file: str | None, *, confirm: bool, new: bool = Fals
 
     new: the passphrase a keyslot change sets (its own option, variable and
     credential; always asked twice). One a slot is made with (confirm or new)
-    must have at least MIN_NEW_PASSPHRASE_CHARS characters.
+    must have at least MIN_NEW_PASSPHRASE_CHARS characters: a typed one is
+    refused before it is asked for again (refused after, it was typed twice for
+    nothing).
     """
-    passphrase = _read_passphrase(explicit_file, confirm=confirm, new=new)
-    if confirm or new:
+    made = confirm or new
+    what = "new passphrase" if new else "passphrase"
+    flag, env, credential = (
+        ("--new-passphrase-file", NEW_PASSPHRASE_ENV, NEW_PASSPHRASE_CREDENTIAL)
+        if new
+        else ("--passphrase-file", PASSPHRASE_ENV, CREDENTIAL_NAME)
+    )
+    source = secret_source(explicit_file, env, credential)
+    if source is not None:
+        passphrase = normalize_passphrase(
+            read_secret_file(source, what, secret_origin(explicit_file, env))
+        )
+        if made:
+            _check_length(passphrase, new=new)
+        return passphrase
+    if not sys.stdin.isatty():
+        raise _no_secret(what, flag, env, credential)
+    prompt = what.capitalize()
+    first = prompt_secret(f"{prompt}: ", what)
+    if not first:
+        raise ConfigError("the passphrase must not be empty")
+    passphrase = normalize_passphrase(first)
+    if made:
         _check_length(passphrase, new=new)
+        if prompt_secret(f"{prompt} (again): ", what) != first:
+            raise ConfigError(
+                f"the two passphrases differ: nothing was {'changed' if new else 'created'}"
+            )
     return passphrase
 
 
@@ -175,35 +202,6 @@ def _check_length(passphrase: bytes, *, new: bool) -> None:
             f"the {'new ' if new else ''}passphrase is shorter than {MIN_NEW_PASSPHRASE_CHARS}"
             " characters: choose a longer one (the store's copies can be attacked offline)"
         )
-
-
-def _read_passphrase(explicit_file: str | None, *, confirm: bool, new: bool) -> bytes:
-    what = "new passphrase" if new else "passphrase"
-    flag, env, credential = (
-        ("--new-passphrase-file", NEW_PASSPHRASE_ENV, NEW_PASSPHRASE_CREDENTIAL)
-        if new
-        else ("--passphrase-file", PASSPHRASE_ENV, CREDENTIAL_NAME)
-    )
-    source = secret_source(explicit_file, env, credential)
-    if source is not None:
-        return normalize_passphrase(
-            read_secret_file(source, what, secret_origin(explicit_file, env))
-        )
-    if not sys.stdin.isatty():
-        raise _no_secret(what, flag, env, credential)
-    prompt = what.capitalize()
-    first = prompt_secret(f"{prompt}: ", what)
-    if not first:
-        raise ConfigError("the passphrase must not be empty")
-    if confirm or new:
-        # Before it is typed again: refused only after the second entry, it was typed
-        # twice for nothing.
-        _check_length(normalize_passphrase(first), new=new)
-    if (confirm or new) and prompt_secret(f"{prompt} (again): ", what) != first:
-        raise ConfigError(
-            f"the two passphrases differ: nothing was {'changed' if new else 'created'}"
-        )
-    return normalize_passphrase(first)
 
 
 def prompt_secret(prompt: str, what: str) -> bytes:
