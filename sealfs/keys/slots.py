@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -279,29 +279,25 @@ def create_header(
     return encode_header(header, derive_subkeys(master_key, volume_id).header_mac_key)
 
 
-def _check_has_slot_for(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> None:
-    """WrongKeyError naming the slots there are, if none is of the secret's kind: once
-    `key remove` or a rekey's --drop-slot took the last one, a right passphrase was
-    said to be wrong, and the operator hunted for a typo."""
-    kind = KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY
-    if any(slot.kind == kind for slot in header.slots):
-        return
-    held = ", ".join(f"{slot.slot_id} {slot.kind}" for slot in header.slots)
-    raise NoSlotOfKindError(
-        f"the volume has no {kind} keyslot (its keyslots: {held}): unlock with one of those"
-    )
-
-
 def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[int, bytes] | None:
-    """Return (slot id, master key) from the first matching slot that opens."""
+    """Return (slot id, master key) from the first matching slot that opens.
+
+    NoSlotOfKindError, naming the slots there are, if none is of the secret's kind:
+    once `key remove` or a rekey's --drop-slot took the last one, a right passphrase
+    was said to be wrong, and the operator hunted for a typo."""
     vid = header.volume_id
+    kind = KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY
+    slots = [s for s in header.slots if s.kind == kind]
+    if not slots:
+        held = ", ".join(f"{slot.slot_id} {slot.kind}" for slot in header.slots)
+        raise NoSlotOfKindError(
+            f"the volume has no {kind} keyslot (its keyslots: {held}): unlock with one of those"
+        )
     if isinstance(secret, Passphrase):
-        slots = [s for s in header.slots if s.kind == KIND_PASSPHRASE]
         # Validate every slot's cost before running Argon2 on any of them.
         params = [argon2_params_from_slot(s) for s in slots]
-        keys = (derive_key(secret.value, p) for p in params)
+        keys: Iterator[bytes] = (derive_key(secret.value, p) for p in params)
     else:
-        slots = [s for s in header.slots if s.kind == KIND_RECOVERY]
         wrapping_key = _recovery_wrapping_key(secret.value, vid)
         keys = (wrapping_key for _ in slots)
     for slot, key in zip(slots, keys, strict=True):
@@ -349,7 +345,6 @@ def unlock(header_bytes: bytes, secret: Secret) -> Unlocked:
     """
     header = decode_header(header_bytes)
     if isinstance(secret, Passphrase | RecoveryKey):
-        _check_has_slot_for(header, secret)
         opened = _try_slots(header, secret)
         if opened is None:
             if isinstance(secret, Passphrase):
