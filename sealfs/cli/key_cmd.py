@@ -10,6 +10,7 @@ No data object is read or written, so this works while the volume is mounted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -251,7 +252,7 @@ def _passwd_params(args: argparse.Namespace, slot: Keyslot) -> Argon2Params:
         return init_cmd.kdf_params(args)
     old = argon2_params_from_slot(slot)
     passes = old.iterations if args.kdf_iterations is None else args.kdf_iterations
-    return Argon2Params(old.memory_kib, passes, old.lanes, os.urandom(16))
+    return dataclasses.replace(old, iterations=passes, salt=os.urandom(16))
 
 
 def run_add(args: argparse.Namespace) -> int:
