@@ -11,7 +11,8 @@ import os
 import threading
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -476,26 +477,37 @@ def empty(store: MemoryStore) -> None:
         store.delete(name)
 
 
+@asynccontextmanager
+async def writer_stopped_at_the_end(
+    faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch, verify_every: float
+) -> AsyncIterator[tuple[Any, MemoryStore]]:
+    """A session on faulty checking the store every verify_every seconds, whose unmount
+    must fail with VolumeGoneError (its final commit finds the log gone too); and the
+    memory store under it, to empty."""
+    monkeypatch.setattr(committer, "VERIFY_INTERVAL", verify_every)
+    store = faulty.inner
+    assert isinstance(store, MemoryStore)
+    with pytest.RaisesGroup(VolumeGoneError, flatten_subgroups=True):
+        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
+            yield v, store
+
+
 async def test_a_store_emptied_under_the_mount_stops_the_writer(
     faulty: FaultyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression: the next segment went into the emptied store as any new object, fsync
     and unmount succeeded, and the volume (its header gone) never mounted again, with
     everything acknowledged since."""
-    monkeypatch.setattr(committer, "VERIFY_INTERVAL", 0.0)
-    store = faulty.inner
-    assert isinstance(store, MemoryStore)
-    with pytest.RaisesGroup(VolumeGoneError, flatten_subgroups=True):  # the unmount's too
-        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
-            await mkfile(v, ROOT_INO, b"before", b"committed")
+    async with writer_stopped_at_the_end(faulty, monkeypatch, 0.0) as (v, store):
+        await mkfile(v, ROOT_INO, b"before", b"committed")
+        await v.fsync()
+        empty(store)
+        await mkfile(v, ROOT_INO, b"after", b"acknowledged, and lost")
+        with pytest.raises(VolumeGoneError, match="no longer holds this volume's log"):
             await v.fsync()
-            empty(store)
-            await mkfile(v, ROOT_INO, b"after", b"acknowledged, and lost")
-            with pytest.raises(VolumeGoneError, match="no longer holds this volume's log"):
-                await v.fsync()
-            assert isinstance(v.commits.stopped, VolumeGoneError)
-            with pytest.raises(VolumeGoneError):
-                await v.fsync()  # and every later one
+        assert isinstance(v.commits.stopped, VolumeGoneError)
+        with pytest.raises(VolumeGoneError):
+            await v.fsync()  # and every later one
     assert store.list("l/") == []  # no segment written into the emptied store
 
 
@@ -504,20 +516,16 @@ async def test_the_first_commit_after_a_failed_one_checks_the_store_at_once(
 ) -> None:
     """A bucket gone ("does not exist: create it first") and made again empty: the
     commit that succeeds once it is back checks, however soon after the last check."""
-    monkeypatch.setattr(committer, "VERIFY_INTERVAL", 3600.0)
-    store = faulty.inner
-    assert isinstance(store, MemoryStore)
-    with pytest.RaisesGroup(VolumeGoneError, flatten_subgroups=True):  # the unmount's too
-        async with session(faulty, **QUIET) as v:  # type: ignore[arg-type]
-            await mkfile(v, ROOT_INO, b"a", b"one")
-            await v.fsync()  # within the interval: no check
-            faulty.fail_next("put_if_absent", "l/", "unavailable")
-            await mkfile(v, ROOT_INO, b"b", b"two")
-            with pytest.raises(StoreUnavailableError):
-                await v.fsync()
-            empty(store)
-            with pytest.raises(VolumeGoneError):
-                await v.fsync()
+    async with writer_stopped_at_the_end(faulty, monkeypatch, 3600.0) as (v, store):
+        await mkfile(v, ROOT_INO, b"a", b"one")
+        await v.fsync()  # within the interval: no check
+        faulty.fail_next("put_if_absent", "l/", "unavailable")
+        await mkfile(v, ROOT_INO, b"b", b"two")
+        with pytest.raises(StoreUnavailableError):
+            await v.fsync()
+        empty(store)
+        with pytest.raises(VolumeGoneError):
+            await v.fsync()
 
 
 class CountingStats(WrappedStore):
