@@ -26,7 +26,7 @@ from sealfs.keys.kdf import (
 )
 from sealfs.keys.recovery import format_recovery_key, generate_recovery_key
 from sealfs.keys.slots import RecoveryKey, unlock
-from sealfs.store.base import ObjectStore
+from sealfs.store.base import ObjectStore, warn_if_versioned
 from sealfs.store.url import (
     check_local_directory,
     is_local_url,
@@ -130,12 +130,10 @@ def _create(args: argparse.Namespace) -> int:
     )
     check_store_is_empty(store)  # before any question, and before the probe writes to it
     if is_s3_url(args.store):
-        from sealfs.store.s3 import (  # noqa: PLC0415 - boto3 is slow
-            probe_conditional_writes,
-            warn_if_versioned,
-        )
+        from sealfs.store.s3 import probe_conditional_writes  # noqa: PLC0415 - boto3 is slow
 
         probe_conditional_writes(store)  # before any question: refuse an unsafe service at once
+        warn_if_versioned(store)
         warn_if_versioned(store)
     with init_slot_makers(args) as extra_slots:
         # With a KMS key or a token and no passphrase source: no passphrase slot.

@@ -56,11 +56,11 @@ from sealfs.fuse.mount import (
 )
 from sealfs.fuse.operations import STATUS_XATTR
 from sealfs.keys.header import HEADER_NAME
+from sealfs.store.base import warn_if_versioned
 from sealfs.store.url import (
     DEFAULT_STORE_TIMEOUT,
     cache_dir_for,
     is_local_url,
-    is_s3_url,
     local_path,
 )
 from sealfs.volume.engine import Volume
@@ -179,10 +179,7 @@ def run_mount(args: argparse.Namespace) -> int:
         loaded, seen, recorded, unlocked = unlock_seen(args, accepting=args.accept_rollback)
         seen.check_load(recorded, loaded)
         seen.warn_if_behind_elsewhere(loaded.live.generation, recorded, read_only=options.read_only)
-        if is_s3_url(args.store):
-            from sealfs.store.s3 import warn_if_versioned  # noqa: PLC0415 - as the store's
-
-            warn_if_versioned(loaded.store)
+        warn_if_versioned(loaded.store)
         if not options.read_only:
             check_writer(loaded, takeover=args.takeover)
         unlock_again = unlocker_for_rekeys(args, unlocked) if options.read_only else None

@@ -9,11 +9,14 @@ event loop. Implementations must be safe to call from several threads at once.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Protocol
 
 from sealfs.errors import ConfigError, FormatError
+
+log = logging.getLogger("sealfs.store")
 
 # Names are a fixed, small alphabet so that every backend (POSIX paths, S3
 # keys) can hold them verbatim and so that no name can escape the store root.
@@ -158,6 +161,41 @@ def request_counts(store: object) -> dict[str, int] | None:
     return counts
 
 
+def versioned_bucket(store: object) -> str | None:
+    """The bucket's name if store (or the store it wraps) is a bucket that keeps
+    object versions, else None.
+
+    Optional, as request_counts: S3Store and the wrappers define versioned_bucket().
+    """
+    method = getattr(store, "versioned_bucket", None)
+    if method is None:
+        return None
+    bucket: str | None = method()
+    return bucket
+
+
+def warn_if_versioned(store: object) -> None:
+    """Warn if store (or the store it wraps) is a bucket that keeps object versions.
+
+    Every object sealfs replaces or deletes then stays readable as a noncurrent
+    version: headers with a removed keyslot or an old passphrase's slot, objects a
+    rekey re-sealed still under the old key. So "nothing the volume holds opens with
+    the old key" would not hold, and the bucket would grow without bound; the
+    versioned bucket was taken without a word.
+
+    """
+    bucket = versioned_bucket(store)
+    if bucket is not None:
+        log.warning(
+            "bucket %s keeps object versions: what sealfs replaces or deletes stays"
+            " readable (volume headers with removed keyslots or old passphrases, objects"
+            " a rekey re-encrypted, under the old key) and the bucket grows without bound:"
+            " suspend versioning, or expire noncurrent versions with a lifecycle rule"
+            " (README, S3)",
+            bucket,
+        )
+
+
 def store_location(store: ObjectStore) -> str:
     """Where store's objects are, the same however a command line or environment named
     them; its description where the backend gives nothing more exact.
@@ -220,6 +258,10 @@ class StoreWrapper:
     def request_counts(self) -> dict[str, int] | None:
         """The inner store's requests per method, if it counts them."""
         return request_counts(self.inner)
+
+    def versioned_bucket(self) -> str | None:
+        """The inner store's, if it is a bucket that keeps versions."""
+        return versioned_bucket(self.inner)
 
     def remove_crash_leftovers(self, older_than: float) -> int:
         """The inner store's, if it leaves any."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import http.client
-import logging
 import os
 import re
 import secrets
@@ -66,7 +65,6 @@ from sealfs.store.base import (
 from sealfs.store.url import normalize_key_prefix, validate_bucket
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
 
 FREE_BYTES = 1 << 50  # S3 is unbounded for statfs purposes: report 1 PiB
 CONNECT_TIMEOUT = 10.0
@@ -524,15 +522,16 @@ class S3Store:
         with self._lock:
             return dict(self.requests)
 
-    def keeps_versions(self) -> bool:
-        """Whether the bucket keeps object versions (False if this user may not ask)."""
+    def versioned_bucket(self) -> str | None:
+        """The bucket's name if it keeps object versions (None too if this user may not
+        ask); see sealfs.store.base.warn_if_versioned."""
         try:
             answer = self._call(
                 "get_bucket_versioning", "", lambda c: c.get_bucket_versioning(Bucket=self.bucket)
             )
         except StoreError:
-            return False
-        return bool(answer.get("Status") == "Enabled")
+            return None
+        return self.bucket if answer.get("Status") == "Enabled" else None
 
     def _call(
         self,
@@ -882,31 +881,6 @@ class S3Store:
                 return
         for client in clients:
             client.close()
-
-
-def warn_if_versioned(store: ObjectStore) -> None:
-    """Warn once if store (or the S3 store it wraps) is in a bucket that keeps versions.
-
-    Every object sealfs replaces or deletes then stays readable as a noncurrent
-    version: headers with a removed keyslot or an old passphrase's slot, objects a
-    rekey re-sealed still under the old key. So "nothing the volume holds opens with
-    the old key" would not hold, and the bucket would grow without bound; the
-    versioned bucket was taken without a word.
-    """
-    inner: object = store
-    while not isinstance(inner, S3Store):
-        inner = getattr(inner, "inner", None)
-        if inner is None:
-            return
-    if inner.keeps_versions():
-        log.warning(
-            "bucket %s keeps object versions: what sealfs replaces or deletes stays"
-            " readable (volume headers with removed keyslots or old passphrases, objects"
-            " a rekey re-encrypted, under the old key) and the bucket grows without bound:"
-            " suspend versioning, or expire noncurrent versions with a lifecycle rule"
-            " (README, S3)",
-            inner.bucket,
-        )
 
 
 def probe_conditional_writes(store: ObjectStore) -> None:
