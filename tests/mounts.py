@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,18 @@ def daemon_pids(store: Path | str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+        cmd = _argv(int(entry.name))
         if b"sealfs.cli.main" in b" ".join(cmd) and b"mount" in cmd and str(store).encode() in cmd:
             pids.append(int(entry.name))
     return pids
+
+
+def _argv(pid: int) -> list[bytes]:
+    """A process's arguments; none once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 @dataclass
@@ -233,15 +238,20 @@ class VolumeEnv:
             time.sleep(0.02)
 
     def kill(self) -> None:
-        """SIGKILL the daemon (a crash), then clear the dead mount as an operator would."""
-        for pid in self.daemon_pids():
+        """SIGKILL the daemon (a crash), then clear the dead mount as an operator would.
+
+        Only the daemon of mnt: a read-only mount of the volume elsewhere lives on."""
+        for pid in self._mnt_daemon_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while self.daemon_pids() and time.monotonic() < deadline:
+        while self._mnt_daemon_pids() and time.monotonic() < deadline:
             time.sleep(0.02)
         force_unmount(str(self.mnt))
         self._disarm_watchdog()
+
+    def _mnt_daemon_pids(self) -> list[int]:
+        return [pid for pid in self.daemon_pids() if str(self.mnt).encode() in _argv(pid)]
 
     def is_mounted(self) -> bool:
         return any(m == str(self.mnt) for m, _ in mounted_sealfs())
@@ -271,3 +281,53 @@ class VolumeEnv:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+
+
+def wait_until(check: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not seen within {seconds} s"
+        time.sleep(0.05)
+
+
+def reached(mountpoint: Path, generation: int) -> bool:
+    """Whether the mount at mountpoint has replayed up to generation."""
+    return bool(json.loads(os.getxattr(mountpoint, STATUS_XATTR))["generation"] >= generation)
+
+
+@contextlib.contextmanager
+def read_only_mount(env: VolumeEnv, interval: float, *extra: str) -> Iterator[Path]:
+    """A read-only mount of env's volume beside its writer, following every interval;
+    unmounted on leaving (the test fails if that fails)."""
+    ro = env.root / "ro"
+    ro.mkdir()
+    mounted = sealfs(
+        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", str(interval),
+        "--log-file", str(env.root / "ro.log"), *extra,
+    )  # fmt: skip
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        yield ro
+    finally:
+        done = sealfs("umount", str(ro))
+        if any(m == str(ro) for m, _ in mounted_sealfs()):
+            force_unmount(str(ro))
+    assert done.returncode == 0, done.stderr
+
+
+@contextlib.contextmanager
+def scratch_volume(
+    root: Path, mount_options: tuple[str, ...], *, follower: bool = False
+) -> Iterator[tuple[VolumeEnv, Path | None]]:
+    """A new volume under root, mounted, with a read-only mount following it if asked;
+    everything unmounted on leaving. For exploratory runs outside pytest."""
+    env = VolumeEnv(root)
+    env.init()
+    env.mount(*mount_options)
+    try:
+        with contextlib.ExitStack() as stack:
+            yield env, stack.enter_context(read_only_mount(env, 0.05)) if follower else None
+    finally:
+        if env.is_mounted():
+            env.umount(check=False)
+        env.cleanup()

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import mmap
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 
@@ -19,46 +16,15 @@ from sealfs.store.local import DIRECT_FROM
 from tests.mounts import (
     STATUS_XATTR,
     VolumeEnv,
-    force_unmount,
-    mounted_sealfs,
     python_as_nobody,
+    reached,
+    read_only_mount,
     sealfs,
+    wait_until,
 )
 from tests.store.conftest import cached_bytes, evict_from_page_cache
 
 pytestmark = pytest.mark.fuse
-
-
-def wait_until(check: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"not seen within {seconds} s"
-        time.sleep(0.05)
-
-
-def reached(mountpoint: Path, generation: int) -> bool:
-    """Whether the mount at mountpoint has replayed up to generation."""
-    return bool(json.loads(os.getxattr(mountpoint, STATUS_XATTR))["generation"] >= generation)
-
-
-@contextlib.contextmanager
-def read_only_mount(env: VolumeEnv, interval: float, *extra: str) -> Iterator[Path]:
-    """A read-only mount of env's volume beside its writer, following every interval;
-    unmounted on leaving (the test fails if that fails)."""
-    ro = env.root / "ro"
-    ro.mkdir()
-    mounted = sealfs(
-        *env.mount_args(ro, log=False), "--read-only", "--commit-interval", str(interval),
-        "--log-file", str(env.root / "ro.log"), *extra,
-    )  # fmt: skip
-    assert mounted.returncode == 0, mounted.stderr
-    try:
-        yield ro
-    finally:
-        done = sealfs("umount", str(ro))
-        if any(m == str(ro) for m, _ in mounted_sealfs()):
-            force_unmount(str(ro))
-    assert done.returncode == 0, done.stderr
 
 
 def test_a_read_only_mount_shows_each_checkpoint_the_writer_commits(
