@@ -1,0 +1,388 @@
+"""A namespace exerciser: random operations on a small tree, done on a mount and on a
+plain directory side by side, the plain one (the machine's own file system) being
+the reference.
+
+Every operation must end the same way on both: the same result, or the same
+errno. Now and then the two trees are compared whole: names, types, modes,
+sizes, contents, symlink targets, link counts and which names are hard links of
+one file. The mount is unmounted and mounted again now and then, and in crash
+mode its daemon is killed: the tree must then be one of the trees since the
+last fsync (the durability promise: a prefix of the operations, everything
+before an acknowledged fsync included), and the reference is copied back from it.
+
+Run it longer than the tests do with
+`python -m tests.fuse.tree_exerciser DIR --seed N --ops N [--crash]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import errno
+import hashlib
+import os
+import random
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
+
+NAMES = ("a", "b", "c", "d")
+DEPTH = 3  # a/b/c at most
+HISTORY = 40
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.renameat2.argtypes = [
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_uint,
+]
+
+Outcome = tuple[str, object]  # ("ok", result) or ("error", errno name)
+Tree = tuple[tuple[object, ...], ...]
+
+
+class Divergence(AssertionError):
+    """The mount and the reference directory ended an operation differently."""
+
+
+def renameat2(src: str, dst: str, flags: int) -> None:
+    if _libc.renameat2(AT_FDCWD, src.encode(), AT_FDCWD, dst.encode(), flags) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+
+
+def describe(root: Path) -> Tree:
+    """Everything the comparison covers, with hard links told apart by the order in
+    which their inode is first met (inode numbers differ between the trees)."""
+    inodes: dict[int, int] = {}
+    entries: list[tuple[object, ...]] = []
+    for directory, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = Path(directory, name)
+            st = os.lstat(path)
+            relative = str(path.relative_to(root))
+            kind = stat.S_IFMT(st.st_mode)
+            entry: tuple[object, ...] = (relative, kind, stat.S_IMODE(st.st_mode), st.st_nlink)
+            if stat.S_ISREG(kind):
+                link = inodes.setdefault(st.st_ino, len(inodes))
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+                entry += (st.st_size, digest, link)
+            elif stat.S_ISLNK(kind):
+                entry += (os.readlink(path),)
+            entries.append(entry)
+    return tuple(entries)
+
+
+@dataclass
+class TreeExerciser:
+    env: VolumeEnv
+    reference: Path
+    rng: random.Random
+    crash: bool = False
+    mount_options: tuple[str, ...] = ()
+    follower: Path | None = None  # a read-only mount of the volume, checked after fsyncs
+    since_sync: list[Tree] = field(default_factory=list)
+    history: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY)
+    )
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def roots(self) -> tuple[Path, Path]:
+        return self.env.mnt / "tree", self.reference
+
+    def run(self, ops: int) -> None:
+        for root in self.roots:
+            root.mkdir()
+        self._fsync_tree()
+        self.since_sync = [describe(self.reference)]
+        choices = self._operations()
+        names = list(choices)
+        weights = [choices[name][0] for name in names]
+        for _ in range(ops):
+            name = self.rng.choices(names, weights)[0]
+            self.counts[name] += 1
+            choices[name][1]()
+        self._compare("at the end")
+
+    def _operations(self) -> dict[str, tuple[int, Callable[[], None]]]:
+        ops: dict[str, tuple[int, Callable[[], None]]] = {
+            "create": (10, self.create),
+            "write": (8, self.write),
+            "truncate": (3, self.truncate),
+            "mkdir": (5, self.mkdir),
+            "rmdir": (4, self.rmdir),
+            "unlink": (6, self.unlink),
+            "symlink": (4, self.symlink),
+            "link": (5, self.link),
+            "rename": (12, self.rename),
+            "chmod": (3, self.chmod),
+            "read": (6, self.read),
+            "listdir": (4, self.listdir),
+            "fsync": (3, self.fsync),
+            "compare": (3, lambda: self._compare("after a comparison")),
+            "remount": (1, self.remount),
+        }
+        if self.crash:
+            ops["kill"] = (1, self.kill)
+        return ops
+
+    # -- operations, each done on both trees ------------------------------------------
+
+    def create(self) -> None:
+        """Create a file and write it through the same descriptor: two steps, since a
+        crash may leave the file created and still empty."""
+        path, data = self._path("new"), self.rng.randbytes(self.rng.randrange(0, 3000))
+        fds: dict[Path, int] = {}
+
+        def create(root: Path) -> None:
+            fds[root] = os.open(root / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+
+        def write_and_close(root: Path) -> object:
+            fd = fds.pop(root)
+            try:
+                return os.write(fd, data)
+            finally:
+                os.close(fd)
+
+        if self._both(f"create {path}", create) and data:
+            self._both(f"write {len(data)} B to the new {path}", write_and_close)
+
+    def write(self) -> None:
+        path, data = self._path("file"), self.rng.randbytes(self.rng.randrange(1, 2000))
+        append = self.rng.random() < 0.5
+        offset = self.rng.randrange(0, 4000)
+
+        def write(root: Path) -> object:
+            fd = os.open(root / path, os.O_WRONLY | (os.O_APPEND if append else 0))
+            try:
+                return os.write(fd, data) if append else os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
+
+        where = "append" if append else f"at {offset}"
+        self._both(f"write {path} {len(data)} B {where}", write)
+
+    def truncate(self) -> None:
+        path, size = self._path("file"), self.rng.randrange(0, 5000)
+        self._both(f"truncate {path} {size}", lambda root: os.truncate(root / path, size))
+
+    def mkdir(self) -> None:
+        path = self._path("new")
+        self._both(f"mkdir {path}", lambda root: os.mkdir(root / path, 0o750))
+
+    def rmdir(self) -> None:
+        path = self._path("dir")
+        self._both(f"rmdir {path}", lambda root: os.rmdir(root / path))
+
+    def unlink(self) -> None:
+        path = self._path("other")
+        self._both(f"unlink {path}", lambda root: os.unlink(root / path))
+
+    def symlink(self) -> None:
+        path, target = (
+            self._path("new"),
+            self.rng.choice([self._path(), "../" + self._path(), "/nowhere"]),
+        )
+        self._both(f"symlink {path} -> {target}", lambda root: os.symlink(target, root / path))
+
+    def link(self) -> None:
+        src, dst = self._path("other"), self._path("new")
+        self._both(
+            f"link {src} {dst}", lambda root: os.link(root / src, root / dst, follow_symlinks=False)
+        )
+
+    def rename(self) -> None:
+        src, dst = self._path(), self._path(self.rng.choice(["any", "new"]))
+        flags = self.rng.choice([0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE])
+        self._both(
+            f"rename {src} {dst} flags {flags}",
+            lambda root: renameat2(str(root / src), str(root / dst), flags),
+        )
+
+    def chmod(self) -> None:
+        path, mode = self._path(), self.rng.choice([0o600, 0o644, 0o755, 0o700, 0o4755])
+        self._both(
+            f"chmod {path} {mode:o}",
+            lambda root: os.chmod(root / path, mode),
+        )
+
+    def read(self) -> None:
+        path = self._path("file")
+        self._both(
+            f"read {path}", lambda root: hashlib.sha256((root / path).read_bytes()).hexdigest()
+        )
+
+    def listdir(self) -> None:
+        path = self.rng.choice(["", *self._existing_dirs()])
+        self._both(f"listdir {path}", lambda root: sorted(os.listdir(root / path)))
+
+    def fsync(self) -> None:
+        """fsync one file or directory: on the mount it commits every operation before."""
+        path = self.rng.choice(["", *self._existing()])
+        if os.path.islink(self.reference / path):
+            path = ""
+
+        def fsync(root: Path) -> object:
+            fd = os.open(root / path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return None
+
+        self._both(f"fsync {path or '.'}", fsync)
+        self.since_sync = [describe(self.reference)]
+        if self.follower is not None:
+            self._check_follower(self.follower)
+
+    def _check_follower(self, follower: Path) -> None:
+        """Once it has replayed the generation fsync committed, the read-only mount shows
+        the tree as it is."""
+        wait_until(partial(reached, follower, self.env.status()["generation"]), 15)
+        got, want = describe(follower / "tree"), describe(self.reference)
+        if got != want:
+            differ = sorted(set(got) ^ set(want), key=str)[:6]
+            raise Divergence(f"the read-only mount differs in {differ}\n" + self._recent())
+
+    def remount(self) -> None:
+        self._note("remount")
+        self.env.umount()
+        self.env.mount(*self.mount_options)
+        self.since_sync = [describe(self.reference)]
+        self._compare("after a remount")
+
+    def kill(self) -> None:
+        """Kill the daemon; the mount's tree must be one since the last fsync, and the
+        reference goes back to it."""
+        self._note("kill -9, mount")
+        self.env.kill()
+        self.env.mount(*self.mount_options)
+        mount_root, reference = self.roots
+        got = describe(mount_root)
+        if got not in self.since_sync:
+            closest = min(self.since_sync, key=lambda tree: len(set(tree) ^ set(got)))
+            at = self.since_sync.index(closest)
+            raise Divergence(
+                f"after a crash, a tree that was never there since the last fsync; closest is"
+                f" the one after {at} of the {len(self.since_sync) - 1} operations since,"
+                f" which had {sorted(set(closest) - set(got), key=str)} where the mount has"
+                f" {sorted(set(got) - set(closest), key=str)}\n" + self._recent()
+            )
+        shutil.rmtree(reference)
+        subprocess.run(["cp", "-a", str(mount_root), str(reference)], check=True)
+        self.since_sync = [got]
+        self._compare("after copying the reference back")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _path(self, kind: str = "any") -> str:
+        """Mostly a path fit for the operation: an entry of the kind asked for ("file",
+        "dir", "other" for anything but a directory, "any"), or a "new" name in a
+        directory that exists. One time in ten anything at all, to get the errors."""
+        if self.rng.random() < 0.1:
+            depth = self.rng.randrange(1, DEPTH + 1)
+            return "/".join(self.rng.choice(NAMES) for _ in range(depth))
+        if kind != "new":
+            fit = [path for path, mode in self._entries() if _fits(mode, kind)]
+            if fit:
+                return self.rng.choice(fit)
+        parents = [d for d in self._existing_dirs() if d.count("/") + 1 < DEPTH]
+        parent = self.rng.choice(["", *parents])
+        return f"{parent}/{self.rng.choice(NAMES)}" if parent else self.rng.choice(NAMES)
+
+    def _entries(self) -> list[tuple[str, int]]:
+        """(path, lstat mode) of every entry of the reference tree."""
+        return [(str(entry[0]), int(str(entry[1]))) for entry in describe(self.reference)]
+
+    def _existing(self) -> list[str]:
+        return [path for path, _ in self._entries()]
+
+    def _existing_dirs(self) -> list[str]:
+        return [path for path, mode in self._entries() if stat.S_ISDIR(mode)]
+
+    def _both(self, text: str, operation: Callable[[Path], object]) -> bool:
+        """Do operation on both trees; whether it succeeded (on both, or else on neither)."""
+        self._note(text)
+        mount_root, reference = self.roots
+        want, got = _outcome(operation, reference), _outcome(operation, mount_root)
+        if got != want:
+            raise Divergence(
+                f"{text}: the mount gave {got}, the reference {want}\n" + self._recent()
+            )
+        self.counts["succeeded" if got[0] == "ok" else "failed alike"] += 1
+        self.since_sync.append(describe(reference))
+        return got[0] == "ok"
+
+    def _fsync_tree(self) -> None:
+        fd = os.open(self.roots[0], os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _compare(self, when: str) -> None:
+        mount_root, reference = self.roots
+        got, want = describe(mount_root), describe(reference)
+        if got != want:
+            differ = sorted(set(got) ^ set(want), key=str)[:6]
+            raise Divergence(f"{when}: trees differ in {differ}\n" + self._recent())
+
+    def _recent(self) -> str:
+        return "last operations:\n  " + "\n  ".join(self.history)
+
+    def _note(self, text: str) -> None:
+        self.history.append(text)
+
+
+def _fits(mode: int, kind: str) -> bool:
+    if kind == "file":
+        return stat.S_ISREG(mode)
+    if kind == "dir":
+        return stat.S_ISDIR(mode)
+    if kind == "other":
+        return not stat.S_ISDIR(mode)
+    return True
+
+
+def _outcome(operation: Callable[[Path], object], root: Path) -> Outcome:
+    try:
+        return ("ok", operation(root))
+    except OSError as e:
+        return ("error", errno.errorcode.get(e.errno or 0, str(e.errno)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "root", type=Path, help="an empty directory for the store, mount and reference"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ops", type=int, default=3000)
+    parser.add_argument("--crash", action="store_true", help="kill the daemon now and then")
+    parser.add_argument("--commit-interval", default="0.05")
+    parser.add_argument("--follower", action="store_true", help="check a read-only mount too")
+    args = parser.parse_args()
+    options = ("--commit-interval", args.commit_interval)
+    with scratch_volume(args.root, options, follower=args.follower) as (env, follower):
+        rng, reference = random.Random(args.seed), args.root / "reference"
+        exerciser = TreeExerciser(env, reference, rng, args.crash, options, follower)
+        exerciser.run(args.ops)
+    print(f"seed {args.seed}: {args.ops} operations compared: {dict(exerciser.counts)}")
+
+
+if __name__ == "__main__":
+    main()
