@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tests.fuse.tree_exerciser import TreeExerciser
+from tests.fuse.tree_exerciser import TreeExerciser, exercise_side_by_side
 from tests.mounts import VolumeEnv, read_only_mount
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
@@ -39,4 +39,12 @@ def test_a_read_only_mount_shows_each_synced_tree(volume_env: VolumeEnv) -> None
         )  # fmt: skip
         exerciser.run(500)
     assert exerciser.counts["fsync"] > 0 and exerciser.counts["kill"] > 0
+    volume_env.umount()
+
+
+def test_four_trees_worked_on_side_by_side(volume_env: VolumeEnv) -> None:
+    """Namespace requests from four threads at once, each in its own directory, end as
+    on four plain directories, before and after a remount."""
+    volume_env.mount(*COMMIT_OFTEN)
+    exercise_side_by_side(volume_env, seed=11, ops=400)
     volume_env.umount()

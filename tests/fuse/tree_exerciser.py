@@ -26,6 +26,7 @@ import random
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +34,10 @@ from pathlib import Path
 
 from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
 
-NAMES = ("a", "b", "c", "d")
+# Names: short ones, the longest allowed, one byte too long, and one with a newline, a
+# multibyte character and a byte that is no UTF-8 (the surrogate escape of 0xff).
+NAMES = ("a", "b", "c", "d", "n" * 255, "o" * 256, "\udcff\n\u00e9")
+XATTR_NAMES = ("user.a", "user.b")  # few, so that sets and removals meet
 DEPTH = 3  # a/b/c at most
 HISTORY = 40
 RENAME_NOREPLACE = 1
@@ -58,7 +62,7 @@ class Divergence(AssertionError):
 
 
 def renameat2(src: str, dst: str, flags: int) -> None:
-    if _libc.renameat2(AT_FDCWD, src.encode(), AT_FDCWD, dst.encode(), flags) != 0:
+    if _libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
         number = ctypes.get_errno()
         raise OSError(number, os.strerror(number))
 
@@ -80,8 +84,10 @@ def describe(root: Path) -> Tree:
                 link = inodes.setdefault(st.st_ino, len(inodes))
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
                 entry += (st.st_size, digest, link)
-            elif stat.S_ISLNK(kind):
+            if stat.S_ISLNK(kind):
                 entry += (os.readlink(path),)
+            else:
+                entry += tuple(sorted((x, os.getxattr(path, x)) for x in os.listxattr(path)))
             entries.append(entry)
     return tuple(entries)
 
@@ -99,10 +105,13 @@ class TreeExerciser:
         default_factory=lambda: collections.deque(maxlen=HISTORY)
     )
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    held: dict[Path, int] = field(default_factory=dict)  # a file kept open, root by root
+    subtree: str = "tree"  # the directory of the mount exercised
+    alone: bool = True  # False: others work beside it, so no remounts and no kills
 
     @property
     def roots(self) -> tuple[Path, Path]:
-        return self.env.mnt / "tree", self.reference
+        return self.env.mnt / self.subtree, self.reference
 
     def run(self, ops: int) -> None:
         for root in self.roots:
@@ -112,11 +121,14 @@ class TreeExerciser:
         choices = self._operations()
         names = list(choices)
         weights = [choices[name][0] for name in names]
-        for _ in range(ops):
-            name = self.rng.choices(names, weights)[0]
-            self.counts[name] += 1
-            choices[name][1]()
-        self._compare("at the end")
+        try:
+            for _ in range(ops):
+                name = self.rng.choices(names, weights)[0]
+                self.counts[name] += 1
+                choices[name][1]()
+        finally:
+            self._close_held()  # a failure must not leave the mount busy
+        self.compare("at the end")
 
     def _operations(self) -> dict[str, tuple[int, Callable[[], None]]]:
         ops: dict[str, tuple[int, Callable[[], None]]] = {
@@ -130,13 +142,20 @@ class TreeExerciser:
             "link": (5, self.link),
             "rename": (12, self.rename),
             "chmod": (3, self.chmod),
+            "utime": (2, self.utime),
+            "mkfifo": (1, self.mkfifo),
+            "setxattr": (3, self.setxattr),
+            "removexattr": (2, self.removexattr),
+            "hold open": (2, self.hold_open),
+            "use held": (4, self.use_held),
             "read": (6, self.read),
             "listdir": (4, self.listdir),
             "fsync": (3, self.fsync),
-            "compare": (3, lambda: self._compare("after a comparison")),
-            "remount": (1, self.remount),
+            "compare": (3, lambda: self.compare("after a comparison")),
         }
-        if self.crash:
+        if self.alone:
+            ops["remount"] = (1, self.remount)
+        if self.alone and self.crash:
             ops["kill"] = (1, self.kill)
         return ops
 
@@ -158,7 +177,7 @@ class TreeExerciser:
             finally:
                 os.close(fd)
 
-        if self._both(f"create {path}", create) and data:
+        if self._both(f"create {path}", create):
             self._both(f"write {len(data)} B to the new {path}", write_and_close)
 
     def write(self) -> None:
@@ -167,7 +186,8 @@ class TreeExerciser:
         offset = self.rng.randrange(0, 4000)
 
         def write(root: Path) -> object:
-            fd = os.open(root / path, os.O_WRONLY | (os.O_APPEND if append else 0))
+            flags = os.O_WRONLY | os.O_NONBLOCK | (os.O_APPEND if append else 0)
+            fd = os.open(root / path, flags)  # a FIFO without a reader: ENXIO
             try:
                 return os.write(fd, data) if append else os.pwrite(fd, data, offset)
             finally:
@@ -222,9 +242,15 @@ class TreeExerciser:
 
     def read(self) -> None:
         path = self._path("file")
-        self._both(
-            f"read {path}", lambda root: hashlib.sha256((root / path).read_bytes()).hexdigest()
-        )
+
+        def read(root: Path) -> object:
+            fd = os.open(root / path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
+            try:
+                return hashlib.sha256(os.read(fd, 1 << 20)).hexdigest()
+            finally:
+                os.close(fd)
+
+        self._both(f"read {path}", read)
 
     def listdir(self) -> None:
         path = self.rng.choice(["", *self._existing_dirs()])
@@ -232,9 +258,10 @@ class TreeExerciser:
 
     def fsync(self) -> None:
         """fsync one file or directory: on the mount it commits every operation before."""
-        path = self.rng.choice(["", *self._existing()])
-        if os.path.islink(self.reference / path):
-            path = ""
+        openable = [
+            path for path, mode in self._entries() if _fits(mode, "dir") or _fits(mode, "file")
+        ]
+        path = self.rng.choice(["", *openable])  # no symlink, no FIFO (its open would wait)
 
         def fsync(root: Path) -> object:
             fd = os.open(root / path, os.O_RDONLY)
@@ -244,7 +271,8 @@ class TreeExerciser:
                 os.close(fd)
             return None
 
-        self._both(f"fsync {path or '.'}", fsync)
+        if not self._both(f"fsync {path or '.'}", fsync):
+            return
         self.since_sync = [describe(self.reference)]
         if self.follower is not None:
             self._check_follower(self.follower)
@@ -253,22 +281,86 @@ class TreeExerciser:
         """Once it has replayed the generation fsync committed, the read-only mount shows
         the tree as it is."""
         wait_until(partial(reached, follower, self.env.status()["generation"]), 15)
-        got, want = describe(follower / "tree"), describe(self.reference)
+        got, want = describe(follower / self.subtree), describe(self.reference)
         if got != want:
             differ = sorted(set(got) ^ set(want), key=str)[:6]
             raise Divergence(f"the read-only mount differs in {differ}\n" + self._recent())
 
+    def utime(self) -> None:
+        """Times to the nanosecond, read back at once (later operations move them)."""
+        path = self._path()
+        times = (self.rng.randrange(0, 2**33) * 10**9 + self.rng.randrange(10**9),) * 2
+
+        def utime(root: Path) -> object:
+            os.utime(root / path, ns=times, follow_symlinks=False)
+            st = os.lstat(root / path)
+            return st.st_atime_ns, st.st_mtime_ns
+
+        self._both(f"utime {path} {times[0]}", utime)
+
+    def mkfifo(self) -> None:
+        path = self._path("new")
+        self._both(f"mkfifo {path}", lambda root: os.mkfifo(root / path, 0o640))
+
+    def setxattr(self) -> None:
+        path, name = self._xattr_path(), self.rng.choice(XATTR_NAMES)
+        value = self.rng.randbytes(self.rng.randrange(0, 100))
+        flags = self.rng.choice([0, os.XATTR_CREATE, os.XATTR_REPLACE])
+        self._both(
+            f"setxattr {path} {name} ({len(value)} B, flags {flags})",
+            lambda root: os.setxattr(root / path, name, value, flags, follow_symlinks=False),
+        )
+
+    def removexattr(self) -> None:
+        path, name = self._xattr_path(), self.rng.choice(XATTR_NAMES)
+        self._both(
+            f"removexattr {path} {name}",
+            lambda root: os.removexattr(root / path, name, follow_symlinks=False),
+        )
+
+    def hold_open(self) -> None:
+        """Keep a file open while later operations rename or unlink it."""
+        self._close_held()
+        path = self._path("file")
+
+        def hold(root: Path) -> None:
+            self.held[root] = os.open(root / path, os.O_RDWR)
+
+        if not self._both(f"hold {path} open", hold):
+            self.held.clear()
+
+    def use_held(self) -> None:
+        """Write through the held descriptor and read the whole file back through it:
+        an unlinked file stays readable and writable until closed."""
+        if not self.held:
+            return
+        offset, data = self.rng.randrange(0, 3000), self.rng.randbytes(self.rng.randrange(1, 500))
+
+        def use(root: Path) -> object:
+            fd = self.held[root]
+            os.pwrite(fd, data, offset)
+            return hashlib.sha256(os.pread(fd, 1 << 20, 0)).hexdigest()
+
+        self._both(f"write {len(data)} B at {offset} through the held descriptor", use)
+
+    def _close_held(self) -> None:
+        for fd in self.held.values():
+            os.close(fd)
+        self.held.clear()
+
     def remount(self) -> None:
         self._note("remount")
+        self._close_held()
         self.env.umount()
         self.env.mount(*self.mount_options)
         self.since_sync = [describe(self.reference)]
-        self._compare("after a remount")
+        self.compare("after a remount")
 
     def kill(self) -> None:
         """Kill the daemon; the mount's tree must be one since the last fsync, and the
         reference goes back to it."""
         self._note("kill -9, mount")
+        self._close_held()
         self.env.kill()
         self.env.mount(*self.mount_options)
         mount_root, reference = self.roots
@@ -285,7 +377,7 @@ class TreeExerciser:
         shutil.rmtree(reference)
         subprocess.run(["cp", "-a", str(mount_root), str(reference)], check=True)
         self.since_sync = [got]
-        self._compare("after copying the reference back")
+        self.compare("after copying the reference back")
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -303,6 +395,12 @@ class TreeExerciser:
         parents = [d for d in self._existing_dirs() if d.count("/") + 1 < DEPTH]
         parent = self.rng.choice(["", *parents])
         return f"{parent}/{self.rng.choice(NAMES)}" if parent else self.rng.choice(NAMES)
+
+    def _xattr_path(self) -> str:
+        """Half the time an entry that has xattrs already, so that creates, replaces and
+        removals meet names that exist."""
+        having = [str(entry[0]) for entry in describe(self.reference) if _has_xattrs(entry)]
+        return self.rng.choice(having) if having and self.rng.random() < 0.5 else self._path()
 
     def _entries(self) -> list[tuple[str, int]]:
         """(path, lstat mode) of every entry of the reference tree."""
@@ -334,7 +432,7 @@ class TreeExerciser:
         finally:
             os.close(fd)
 
-    def _compare(self, when: str) -> None:
+    def compare(self, when: str) -> None:
         mount_root, reference = self.roots
         got, want = describe(mount_root), describe(reference)
         if got != want:
@@ -346,6 +444,46 @@ class TreeExerciser:
 
     def _note(self, text: str) -> None:
         self.history.append(text)
+
+
+def exercise_side_by_side(env: VolumeEnv, seed: int, ops: int, exercisers: int = 4) -> None:
+    """Exercisers on threads of their own, each in its own directory of the mount with a
+    reference of its own: namespace requests reach the daemon side by side. Each tree
+    must still end as its reference did, before and after a remount."""
+    group = [
+        TreeExerciser(
+            env,
+            env.root / f"reference-{seed}-{n}",
+            random.Random(seed * 100 + n),
+            subtree=f"tree-{seed}-{n}",
+            alone=False,
+        )
+        for n in range(exercisers)
+    ]
+    failures: list[BaseException] = []
+
+    def run(exerciser: TreeExerciser) -> None:
+        try:
+            exerciser.run(ops)
+        except BaseException as e:  # raised again on the caller's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(exerciser,)) for exerciser in group]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    env.umount()
+    env.mount()
+    for exerciser in group:
+        exerciser.compare("after a remount")
+
+
+def _has_xattrs(entry: tuple[object, ...]) -> bool:
+    """Whether a described entry ends with (name, value) pairs."""
+    return isinstance(entry[-1], tuple)
 
 
 def _fits(mode: int, kind: str) -> bool:
