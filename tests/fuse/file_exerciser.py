@@ -15,7 +15,7 @@ durability promise, for one file. For that every write stays one FUSE request
 operation is all or nothing in the daemon.
 
 Run it longer than the tests do with
-`python -m tests.fuse.file_exerciser DIR --seed N --ops N [--crash]`.
+`python -m tests.fuse.file_exerciser DIR --seed N --ops N` (`--help` for the rest).
 """
 
 from __future__ import annotations

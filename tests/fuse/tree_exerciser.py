@@ -2,16 +2,21 @@
 plain directory side by side, the plain one (the machine's own file system) being
 the reference.
 
-Every operation must end the same way on both: the same result, or the same
-errno. Now and then the two trees are compared whole: names, types, modes,
-sizes, contents, symlink targets, link counts and which names are hard links of
-one file. The mount is unmounted and mounted again now and then, and in crash
-mode its daemon is killed: the tree must then be one of the trees since the
-last fsync (the durability promise: a prefix of the operations, everything
-before an acknowledged fsync included), and the reference is copied back from it.
+The operations: creates, writes, truncations, mkdir and rmdir, unlinks,
+symlinks, hard links, renames (plain, NOREPLACE, EXCHANGE), chmod, times to the
+nanosecond, FIFOs, xattrs, and writes through a file held open while it is
+renamed or unlinked; names include the longest allowed, one byte more, and
+one that is no UTF-8. Every operation must end the same way on both: the same
+result, or the same errno. Now and then the two trees are compared whole:
+names, types, modes, sizes, contents, symlink targets, link counts, xattrs and
+which names are hard links of one file. The mount is unmounted and mounted
+again now and then, and in crash mode its daemon is killed: the tree must then
+be one of the trees since the last fsync (the durability promise: a prefix of
+the operations, everything before an acknowledged fsync included), and the
+reference is copied back from it.
 
 Run it longer than the tests do with
-`python -m tests.fuse.tree_exerciser DIR --seed N --ops N [--crash]`.
+`python -m tests.fuse.tree_exerciser DIR --seed N --ops N` (`--help` for the rest).
 """
 
 from __future__ import annotations
