@@ -136,7 +136,7 @@ class TerminalFormatter(OneLineFormatter):
         return f"sealfs: {grave}{super().formatMessage(record)}"
 
 
-def setup_logging(*, verbose: bool, terminal: bool = False) -> None:
+def setup_logging(*, verbose: bool, terminal: bool = False, command: bool = False) -> None:
     """Log to stderr (the daemon's stderr is its log file), and route what Python itself
     would print there (a thread's uncaught exception, one ignored in a finalizer)
     through the same formatter: Python's own hooks print the message and the
@@ -144,12 +144,16 @@ def setup_logging(*, verbose: bool, terminal: bool = False) -> None:
 
     terminal: a command run on a terminal (stderr one), as opposed to a log: lines as
     its errors are, without the log's fields.
+
+    command: a command's run, whose output says what it did, rather than a daemon's log:
+    warnings and errors only, unless verbose. Its INFO lines were a log's ("wrote
+    snapshot ...", a rekey's start and end before the command's own "Rekey done").
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(TerminalFormatter() if terminal else OneLineFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if command else logging.INFO)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     threading.excepthook = _log_thread_exception

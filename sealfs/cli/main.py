@@ -143,7 +143,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run(argv: list[str]) -> int:
     """Parse argv and run its command (errors are main's to report)."""
     args = parse(argv)
-    setup_logging(verbose=args.verbose, terminal=sys.stderr.isatty())  # a daemon sets its own
+    # A mount sets its own (a log) once it serves.
+    setup_logging(verbose=args.verbose, terminal=sys.stderr.isatty(), command=True)
     forbid_core_dumps()  # before any command reads a secret
     code: int = args.run(args)
     # Here, not at exit: with stdout a pipe (buffered, unless PYTHONUNBUFFERED is set)

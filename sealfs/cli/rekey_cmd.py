@@ -18,17 +18,27 @@ import contextlib
 import dataclasses
 import errno
 import json
+import logging
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sealfs.cli.keysource import get_pin, kms_clients, module_override, unlock_header
+from sealfs.cli.keysource import (
+    get_pin,
+    kms_clients,
+    module_override,
+    passphrase_configured,
+    recovery_secret,
+    unlock_header,
+)
 from sealfs.cli.mount_cmd import read_status
 from sealfs.cli.paths import check_store_is_callers
+from sealfs.cli.secrets import get_passphrase
 from sealfs.cli.seen import SeenVolume, kept_current
 from sealfs.cli.stdio import error_line
 from sealfs.cli.units import format_size
@@ -45,12 +55,15 @@ from sealfs.keys.kms import params_from_slot as kms_params
 from sealfs.keys.rekey import begin_rekey
 from sealfs.keys.slots import (
     KIND_AWS_KMS,
+    KIND_PASSPHRASE,
     KIND_PKCS11,
+    KIND_RECOVERY,
     Passphrase,
     RecoveryKey,
     SlotMaker,
     Unlocked,
     argon2_params_from_slot,
+    opens_slot,
     passphrase_slot_maker,
     recovery_slot_maker,
 )
@@ -243,17 +256,22 @@ def _slot_makers(
         if maker is None:
             raise ConfigError(
                 f"keyslot {slot.slot_id} ({slot.kind}) can only be re-made with its own secret:"
-                f" unlock with it, or give --drop-slot {slot.slot_id} and add it again after"
-                " the rekey ('sealfs key add')"
+                f" give it too ({_SECRET_OPTION.get(slot.kind, 'its secret')}), or --drop-slot"
+                f" {slot.slot_id} and add it again after the rekey ('sealfs key add')"
             )
         makers[slot.slot_id] = maker
     return makers
 
 
+_SECRET_OPTION = {KIND_PASSPHRASE: "--passphrase-file", KIND_RECOVERY: "--recovery-key-file"}
+
+
 def _carry(
     args: argparse.Namespace, unlocked: Unlocked, slot: Keyslot, clients: KmsClients
 ) -> SlotMaker | None:
-    secret = unlocked.secret if slot.slot_id == unlocked.slot_id else None
+    secret = (
+        unlocked.secret if slot.slot_id == unlocked.slot_id else _given_for(args, unlocked, slot)
+    )
     if isinstance(secret, Passphrase):
         params = argon2_params_from_slot(slot)  # same cost, new salt
         return passphrase_slot_maker(secret.value, dataclasses.replace(params, salt=os.urandom(16)))
@@ -267,6 +285,37 @@ def _carry(
         module = module_override(args) or check_trusted_module(tp.module)
         return pkcs11_slot_maker(TokenKey(module, tp.token, tp.key), get_pin(args, tp.token))
     return None
+
+
+def _given_for(
+    args: argparse.Namespace, unlocked: Unlocked, slot: Keyslot
+) -> Passphrase | RecoveryKey | None:
+    """The secret given for a passphrase or recovery slot other than the one that
+    unlocked: --recovery-key-file, or the passphrase (its file, variable or credential,
+    or asked for on a terminal). Given both, the recovery key unlocks, and the
+    passphrase was ignored: the rekey refused to keep the passphrase slot unless
+    dropped, which a volume made by `sealfs init` (a passphrase and a recovery slot)
+    always met. None if no such secret was given; ConfigError if it does not open the
+    slot."""
+    secret: Passphrase | RecoveryKey
+    if slot.kind == KIND_RECOVERY and args.recovery_key_file:
+        secret, option = recovery_secret(args.recovery_key_file), "--recovery-key-file"
+    elif slot.kind == KIND_PASSPHRASE and isinstance(unlocked.secret, Passphrase):
+        secret, option = unlocked.secret, "the passphrase given"
+    elif slot.kind == KIND_PASSPHRASE and (passphrase_configured(args) or sys.stdin.isatty()):
+        if sys.stdin.isatty() and not passphrase_configured(args):
+            print(f"Keyslot {slot.slot_id} is a passphrase slot: to keep it,", file=sys.stderr)
+        secret = Passphrase(get_passphrase(args.passphrase_file, confirm=False))
+        option = "the passphrase given"
+    else:
+        return None
+    if not opens_slot(slot, unlocked.header, secret):
+        raise ConfigError(
+            f"keyslot {slot.slot_id} ({slot.kind}) does not open with {option}: give its own"
+            f" secret, or --drop-slot {slot.slot_id} and add it again after the rekey"
+            " ('sealfs key add')"
+        )
+    return secret
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,7 +490,30 @@ def _follow_mount(mountpoint: str) -> RekeyProgress:
             time.sleep(POLL_SECONDS)
 
 
+class _StopsSaidOnce(logging.Filter):
+    """Drops the rekey's error lines while this command runs it. Written for a daemon's
+    log, where nobody else reports them, they said each stop twice here: a pause shows
+    in the progress bar, and a stop is the command's error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.module == "rekey" and record.levelno >= logging.ERROR)
+
+
 async def _rekey_here(volume: Volume) -> RekeyProgress:
+    with _filtered(logging.getLogger("sealfs.volume"), _StopsSaidOnce()):
+        return await _rekey_with_bar(volume)
+
+
+@contextlib.contextmanager
+def _filtered(logger: logging.Logger, kept_out: logging.Filter) -> Iterator[None]:
+    logger.addFilter(kept_out)
+    try:
+        yield
+    finally:
+        logger.removeFilter(kept_out)
+
+
+async def _rekey_with_bar(volume: Volume) -> RekeyProgress:
     async with volume.running():
         rekey = volume.rekey
         assert rekey is not None

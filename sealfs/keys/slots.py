@@ -307,6 +307,19 @@ def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[
     return None
 
 
+def opens_slot(slot: Keyslot, header: VolumeHeader, secret: Passphrase | RecoveryKey) -> bool:
+    """Whether secret opens this one slot (an Argon2 run for a passphrase): a rekey re-makes
+    a slot only from the secret that opens it, a second one given beside the one that
+    unlocked included, never from a mistyped one that would lock its owner out."""
+    if slot.kind != (KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY):
+        return False
+    if isinstance(secret, Passphrase):
+        wrapping_key = derive_key(secret.value, argon2_params_from_slot(slot))
+    else:
+        wrapping_key = _recovery_wrapping_key(secret.value, header.volume_id)
+    return _unwrap(wrapping_key, slot, header.volume_id) is not None
+
+
 def _try_opener(header: VolumeHeader, opener: SlotOpener) -> tuple[int, bytes]:
     """Try every slot of the opener's kind in order; the first that opens wins.
 

@@ -28,7 +28,7 @@ from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from sealfs.store.s3 import S3Store
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, python_as_nobody, sealfs
+from tests.mounts import VolumeEnv, python_as_nobody, sealfs, write_secret
 
 CONFIG_ERROR, BUSY = 2, 5
 
@@ -99,6 +99,40 @@ def test_rekey_must_be_told_about_slots_it_cannot_carry(volume_env: VolumeEnv) -
     line = one_line(rekey(volume_env, "--drop-slot", "7"), CONFIG_ERROR)
     assert "no such keyslot" in line
     assert fingerprint(volume_env.store) == before  # nothing written
+
+
+def test_rekey_given_both_secrets_keeps_both_slots(volume_env: VolumeEnv) -> None:
+    """`sealfs init` makes a passphrase and a recovery slot; given both secrets, a rekey
+    keeps both. The recovery key unlocked and the passphrase was ignored: the rekey
+    refused to keep its slot unless dropped. A passphrase beside it that does not open
+    its slot is refused, before anything is written."""
+    env = volume_env
+    wrong = write_secret(env.root / "wrong", "not the passphrase at all\n")
+    before = fingerprint(env.store)
+    line = one_line(
+        sealfs(
+            "rekey", str(env.store), "--recovery-key-file", str(env.recovery_file),
+            "--passphrase-file", str(wrong),
+        ),
+        CONFIG_ERROR,
+    )  # fmt: skip
+    assert "keyslot 0 (passphrase) does not open with the passphrase given" in line
+    assert fingerprint(env.store) == before
+    done = sealfs(
+        "rekey", str(env.store), "--recovery-key-file", str(env.recovery_file),
+        "--passphrase-file", str(env.passfile),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # a command's output, not a daemon's log lines
+    rekeyed = header(env.store)
+    assert rekeyed.data_epoch == 1 and rekeyed.retired is None  # type: ignore[attr-defined]
+    assert sorted(slot.kind for slot in rekeyed.slots) == ["passphrase", "recovery"]  # type: ignore[attr-defined]
+    for option, secret in (
+        ("--passphrase-file", env.passfile),
+        ("--recovery-key-file", env.recovery_file),
+    ):
+        opened = sealfs("status", str(env.store), option, str(secret), "--json")
+        assert opened.returncode == 0, opened.stderr
 
 
 def test_rekey_of_a_copy_made_under_a_live_mount_names_that_mount(
@@ -332,6 +366,7 @@ def test_offline_rekey_stops_on_a_damaged_object(volume_env: VolumeEnv) -> None:
         and "failed authentication" in line
         and "run 'sealfs rekey' again" in line
     )
+    assert result.stderr.count("failed authentication") == 1  # said once, not logged too
     assert header(volume_env.store).retired is not None  # type: ignore[attr-defined]
 
 
