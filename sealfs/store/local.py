@@ -308,7 +308,9 @@ class LocalStore:
     def _path(self, name: str) -> Path:
         return self.root / validate_name(name)
 
-    def _error(self, exc: OSError, what: str) -> StoreError:
+    def _error(self, exc: OSError, what: str, *, reading: bool = False) -> StoreError:
+        """The StoreError for exc; reading: a read or a listing, which a read-only mount
+        needs too (so "mount it --read-only" is no fix for its EACCES)."""
         if exc.errno in _NO_SPACE:
             # Deleting files inside the volume frees nothing there (nothing is collected
             # yet), which "free space and retry" left users to find out.
@@ -318,7 +320,9 @@ class LocalStore:
             )
         reason = exc.strerror or type(exc).__name__
         message = f"local store at {self.root}: {what} failed: {reason}"
-        if exc.errno in _DENIED:  # most often a mount or init run as the wrong user
+        if exc.errno in _DENIED and reading:
+            message += ": run sealfs as a user who may read the store (its owner, or root)"
+        elif exc.errno in _DENIED:  # most often a mount or init run as the wrong user
             message += (
                 ": run sealfs as a user who may read and write the store (one who may only"
                 " read it can mount it --read-only)"
@@ -452,7 +456,7 @@ class LocalStore:
         except NotARegularFileError:
             raise self._not_regular(name) from None
         except OSError as exc:
-            raise self._error(exc, f"read {name}") from exc
+            raise self._error(exc, f"read {name}", reading=True) from exc
 
     def stat(self, name: str) -> ObjectInfo:
         """Return size and etag (hex SHA-256: this reads the object). Raises ObjectNotFoundError."""
@@ -468,7 +472,7 @@ class LocalStore:
         except NotARegularFileError:
             raise self._not_regular(name) from None
         except OSError as exc:
-            raise self._error(exc, f"read {name}") from exc
+            raise self._error(exc, f"read {name}", reading=True) from exc
 
     def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
         """Create or replace the object atomically (temp file, then rename).
@@ -589,7 +593,7 @@ class LocalStore:
         try:
             _walk(self.root / head, head, prefix, start_after, names)
         except OSError as exc:
-            raise self._error(exc, f"list {prefix!r}") from exc
+            raise self._error(exc, f"list {prefix!r}", reading=True) from exc
         names.sort()
         return names
 

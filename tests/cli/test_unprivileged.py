@@ -182,7 +182,12 @@ def test_status_of_a_store_the_user_may_not_read_names_the_fix(shared_env: Volum
     err = result.stderr.strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert f"local store at {env.store}" in err, err
-    assert "run sealfs as a user who may read and write the store" in err, err
+    assert "run sealfs as a user who may read the store" in err, err
+    # Nor does a read-only mount help one who may not read: it is not offered as the fix.
+    mounted = as_nobody(*env.mount_args(), "--read-only")
+    assert mounted.returncode == 1, mounted.stderr
+    err = mounted.stderr.strip()
+    assert "may read the store" in err and "--read-only" not in err, err
 
 
 def test_another_user_s_allow_other_mount_is_not_unmounted(shared_env: VolumeEnv) -> None:
