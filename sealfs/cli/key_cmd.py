@@ -42,9 +42,11 @@ from sealfs.keys.slots import (
     KIND_PKCS11,
     KIND_RECOVERY,
     KNOWN_KINDS,
+    Passphrase,
     SlotMaker,
     Unlocked,
     argon2_params_from_slot,
+    opens_slot,
     passphrase_slot_maker,
     recovery_slot_maker,
 )
@@ -237,10 +239,26 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kdf_maker(args: argparse.Namespace, params: Argon2Params | None = None) -> SlotMaker:
+def _kdf_maker(
+    args: argparse.Namespace,
+    header: VolumeHeader,
+    params: Argon2Params | None = None,
+    replacing: int | None = None,
+) -> SlotMaker:
     """A passphrase slot's maker, for the new passphrase; params: its Argon2 cost, else
-    the --kdf-* options' (or the calibrated default)."""
+    the --kdf-* options' (or the calibrated default).
+
+    ConfigError if the new passphrase already opens another passphrase slot (one
+    Argon2 run per such slot): a second slot for it added nothing but a slot to keep
+    track of, and a passwd of one left the old passphrase working through the other.
+    """
     passphrase = get_passphrase(args.new_passphrase_file, confirm=True, new=True)
+    for slot in header.slots:
+        if slot.slot_id != replacing and opens_slot(slot, header, Passphrase(passphrase)):
+            raise ConfigError(
+                f"that passphrase already opens keyslot {slot.slot_id}: nothing was changed"
+                " (choose another passphrase)"
+            )
     return passphrase_slot_maker(passphrase, params or init_cmd.kdf_params(args))
 
 
@@ -291,7 +309,7 @@ def run_add(args: argparse.Namespace) -> int:
             nonlocal maker
             if maker is None:  # asked after the unlock: a wrong secret fails first
                 if args.kind == KIND_PASSPHRASE:
-                    maker = _kdf_maker(args)
+                    maker = _kdf_maker(args, unlocked.header)
                 elif args.kind == KIND_AWS_KMS:
                     maker = kms_maker(clients, args.kms_key_id, args.kms_region)
                 else:
@@ -331,7 +349,8 @@ def run_passwd(args: argparse.Namespace) -> int:
                 " changes passphrase slots (use 'sealfs key rotate' for aws-kms and pkcs11"
                 " slots)"
             )
-        return replace_slot(unlocked, args.slot, _kdf_maker(args, _passwd_params(args, slot)))[0]
+        maker = _kdf_maker(args, unlocked.header, _passwd_params(args, slot), args.slot)
+        return replace_slot(unlocked, args.slot, maker)[0]
 
     _, new = change_header(store, _unlocker(args, pin=True), edit)
     slot = find_slot(decode_header(new), args.slot)

@@ -156,6 +156,29 @@ def test_add_passphrase_then_passwd_then_remove(env: VolumeEnv, tmp_path: Path) 
     one_line(key(env, "list", "--passphrase-file", str(third)), WRONG_KEY)
 
 
+def test_a_passphrase_that_opens_a_slot_already_is_refused(env: VolumeEnv, tmp_path: Path) -> None:
+    """Regression: `key add passphrase` with the volume's passphrase made a second slot for
+    it, and a passwd to another slot's passphrase left two slots of one secret (a later
+    passwd of one kept the old passphrase working through the other)."""
+    before = fingerprint(env.store)
+    same = key(env, "add", "passphrase", "--passphrase-file", str(env.passfile),
+               "--new-passphrase-file", str(env.passfile), *CHEAP_KDF)  # fmt: skip
+    assert "that passphrase already opens keyslot 0" in one_line(same, USAGE)
+    assert fingerprint(env.store) == before
+    second = write(tmp_path / "second", "second passphrase")
+    ok(key(env, "add", "passphrase", "--passphrase-file", str(env.passfile),
+           "--new-passphrase-file", str(second), *CHEAP_KDF))  # fmt: skip
+    before = fingerprint(env.store)
+    taken = key(env, "passwd", "2", "--passphrase-file", str(second),
+                "--new-passphrase-file", str(env.passfile))  # fmt: skip
+    assert "that passphrase already opens keyslot 0" in one_line(taken, USAGE)
+    assert fingerprint(env.store) == before
+    # A slot's own passphrase again is a new salt, not a second slot: still allowed.
+    ok(key(env, "passwd", "2", "--passphrase-file", str(second), "--new-passphrase-file",
+           str(second)))  # fmt: skip
+    assert fingerprint(env.store) != before
+
+
 def test_passwd_keeps_the_slot_s_cost_unless_told(env: VolumeEnv, tmp_path: Path) -> None:
     """Regression: passwd without --kdf-* took a slot made with --kdf-memory 64 (for a
     small host's MemoryMax) to the calibrated 256 MiB, without a word."""
