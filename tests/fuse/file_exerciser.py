@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from tests.fuse.exercising import Operations, Recent, run_at_random
 from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
 
 KiB = 1 << 10
 DIRECT_ALIGN = 4 * KiB  # O_DIRECT offsets, lengths and buffers
 ONE_REQUEST = 64 * KiB  # a write no larger than this is one FUSE WRITE
-HISTORY = 40  # operations kept to explain a mismatch
 
 
 class Mismatch(AssertionError):
@@ -58,9 +58,7 @@ class Exerciser:
     name: str = "exercised"
     model: bytearray = field(default_factory=bytearray)
     since_sync: list[bytes] = field(default_factory=list)  # states a crash may leave
-    history: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=HISTORY)
-    )
+    history: Recent = field(default_factory=Recent)
     fds: dict[str, int] = field(default_factory=dict)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -69,20 +67,13 @@ class Exerciser:
         return self.env.mnt / self.name
 
     def run(self, ops: int) -> None:
-        choices = self._operations()
-        names, weights = zip(
-            *[(name, weight) for name, (weight, _) in choices.items()], strict=True
-        )
         self.path.write_bytes(b"")
         self._open_all()
         os.ftruncate(self.fds["rw"], self.base)
         os.fsync(self.fds["rw"])  # the file's creation, so that a crash cannot undo it
         self.since_sync = [bytes(self.model)]
         try:
-            for _ in range(ops):
-                name = self.rng.choices(names, weights)[0]
-                self.counts[name] += 1
-                choices[name][1]()
+            run_at_random(self.rng, self._operations(), ops, self.counts)
             self._close_all()
             self._check_whole_file("at the end")
         finally:
@@ -90,8 +81,8 @@ class Exerciser:
             if self.follower_fd is not None:
                 os.close(self.follower_fd)
 
-    def _operations(self) -> dict[str, tuple[int, Callable[[], None]]]:
-        ops: dict[str, tuple[int, Callable[[], None]]] = {
+    def _operations(self) -> Operations:
+        ops: Operations = {
             "write": (20, self.write),
             "append": (6, self.append),
             "read": (20, self.read),
@@ -207,13 +198,13 @@ class Exerciser:
         the file as it is."""
         wait_until(partial(reached, follower, self.env.status()["generation"]), 15)
         if self._exercised_bytes(follower / self.name) != self.model:
-            raise Mismatch("the read-only mount shows other bytes\n" + self._recent())
+            raise Mismatch("the read-only mount shows other bytes\n" + str(self.history))
         if self.follower_fd is None:  # held open across replays, so its pages stay cached
             self.follower_fd = os.open(follower / self.name, os.O_RDONLY)
         held = os.pread(self.follower_fd, len(self.model) + 1, self.base)
         if held != self.model:
             raise Mismatch(
-                "a descriptor held on the read-only mount reads other bytes\n" + self._recent()
+                "a descriptor held on the read-only mount reads other bytes\n" + str(self.history)
             )
 
     def drop_cache(self) -> None:
@@ -308,7 +299,7 @@ class Exerciser:
         else:
             at = offset + next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
             problem = f"wrong byte at {at} (read at {offset}+{length})"
-        raise Mismatch(problem + "\n" + self._recent())
+        raise Mismatch(problem + "\n" + str(self.history))
 
     def _exercised_bytes(self, path: Path | None = None) -> bytes:
         """The file's bytes from base on, once the hole before them is checked."""
@@ -316,10 +307,12 @@ class Exerciser:
             size = os.fstat(f.fileno()).st_size
             if size < self.base:
                 raise Mismatch(
-                    f"size {size}, below the hole of {self.base} bytes\n" + self._recent()
+                    f"size {size}, below the hole of {self.base} bytes\n" + str(self.history)
                 )
             if self.base and os.pread(f.fileno(), 4 * KiB, self.base - 4 * KiB) != bytes(4 * KiB):
-                raise Mismatch("the hole before the exercised bytes holds data\n" + self._recent())
+                raise Mismatch(
+                    "the hole before the exercised bytes holds data\n" + str(self.history)
+                )
             f.seek(self.base)
             return f.read()
 
@@ -330,15 +323,12 @@ class Exerciser:
 
     def _explain(self, got: bytes, when: str) -> str:
         if len(got) != len(self.model):
-            return f"{when}: size {len(got)}, want {len(self.model)}\n" + self._recent()
+            return f"{when}: size {len(got)}, want {len(self.model)}\n" + str(self.history)
         at = next(i for i, (a, b) in enumerate(zip(got, self.model, strict=True)) if a != b)
-        return f"{when}: first wrong byte at {at}\n" + self._recent()
-
-    def _recent(self) -> str:
-        return "last operations:\n  " + "\n  ".join(self.history)
+        return f"{when}: first wrong byte at {at}\n" + str(self.history)
 
     def _note(self, text: str) -> None:
-        self.history.append(f"{text} (size {len(self.model)})")
+        self.history.note(f"{text} (size {len(self.model)})")
 
     def _open(self, which: str) -> None:
         flags = {

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from tests.fuse.exercising import Operations, Recent, run_at_random
 from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
 
 # Names: short ones, the longest allowed, one byte too long, and one with a newline, a
@@ -44,7 +45,6 @@ from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
 NAMES = ("a", "b", "c", "d", "n" * 255, "o" * 256, "\udcff\n\u00e9")
 XATTR_NAMES = ("user.a", "user.b")  # few, so that sets and removals meet
 DEPTH = 3  # a/b/c at most
-HISTORY = 40
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
@@ -106,9 +106,7 @@ class TreeExerciser:
     mount_options: tuple[str, ...] = ()
     follower: Path | None = None  # a read-only mount of the volume, checked after fsyncs
     since_sync: list[Tree] = field(default_factory=list)
-    history: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=HISTORY)
-    )
+    history: Recent = field(default_factory=Recent)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     held: dict[Path, int] = field(default_factory=dict)  # a file kept open, root by root
     subtree: str = "tree"  # the directory of the mount exercised
@@ -123,20 +121,14 @@ class TreeExerciser:
             root.mkdir()
         self._fsync_tree()
         self.since_sync = [describe(self.reference)]
-        choices = self._operations()
-        names = list(choices)
-        weights = [choices[name][0] for name in names]
         try:
-            for _ in range(ops):
-                name = self.rng.choices(names, weights)[0]
-                self.counts[name] += 1
-                choices[name][1]()
+            run_at_random(self.rng, self._operations(), ops, self.counts)
         finally:
             self._close_held()  # a failure must not leave the mount busy
         self.compare("at the end")
 
-    def _operations(self) -> dict[str, tuple[int, Callable[[], None]]]:
-        ops: dict[str, tuple[int, Callable[[], None]]] = {
+    def _operations(self) -> Operations:
+        ops: Operations = {
             "create": (10, self.create),
             "write": (8, self.write),
             "truncate": (3, self.truncate),
@@ -289,7 +281,7 @@ class TreeExerciser:
         got, want = describe(follower / self.subtree), describe(self.reference)
         if got != want:
             differ = sorted(set(got) ^ set(want), key=str)[:6]
-            raise Divergence(f"the read-only mount differs in {differ}\n" + self._recent())
+            raise Divergence(f"the read-only mount differs in {differ}\n" + str(self.history))
 
     def utime(self) -> None:
         """Times to the nanosecond, read back at once (later operations move them)."""
@@ -377,7 +369,7 @@ class TreeExerciser:
                 f"after a crash, a tree that was never there since the last fsync; closest is"
                 f" the one after {at} of the {len(self.since_sync) - 1} operations since,"
                 f" which had {sorted(set(closest) - set(got), key=str)} where the mount has"
-                f" {sorted(set(got) - set(closest), key=str)}\n" + self._recent()
+                f" {sorted(set(got) - set(closest), key=str)}\n" + str(self.history)
             )
         shutil.rmtree(reference)
         subprocess.run(["cp", "-a", str(mount_root), str(reference)], check=True)
@@ -424,7 +416,7 @@ class TreeExerciser:
         want, got = _outcome(operation, reference), _outcome(operation, mount_root)
         if got != want:
             raise Divergence(
-                f"{text}: the mount gave {got}, the reference {want}\n" + self._recent()
+                f"{text}: the mount gave {got}, the reference {want}\n" + str(self.history)
             )
         self.counts["succeeded" if got[0] == "ok" else "failed alike"] += 1
         self.since_sync.append(describe(reference))
@@ -442,13 +434,10 @@ class TreeExerciser:
         got, want = describe(mount_root), describe(reference)
         if got != want:
             differ = sorted(set(got) ^ set(want), key=str)[:6]
-            raise Divergence(f"{when}: trees differ in {differ}\n" + self._recent())
-
-    def _recent(self) -> str:
-        return "last operations:\n  " + "\n  ".join(self.history)
+            raise Divergence(f"{when}: trees differ in {differ}\n" + str(self.history))
 
     def _note(self, text: str) -> None:
-        self.history.append(text)
+        self.history.note(text)
 
 
 def exercise_side_by_side(env: VolumeEnv, seed: int, ops: int, exercisers: int = 4) -> None:
