@@ -579,6 +579,11 @@ def check_writer(loaded: Loaded, *, takeover: bool) -> None:
     since = datetime.fromtimestamp(prev.since_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     if prev.host == socket.gethostname():
         if writer_alive(prev):
+            if sealfs_command(prev.pid) == "rekey":  # an offline rekey writes the volume
+                raise WriterConflictError(
+                    f"volume is being rekeyed by 'sealfs rekey' (pid {prev.pid}) on this host"
+                    f" since {since}: wait for it to finish, then run this again"
+                )
             hint = " (--takeover is for a writer on another host)" if takeover else ""
             raise WriterConflictError(
                 f"volume is mounted read-write by pid {prev.pid} on this host since {since}:"
@@ -681,6 +686,27 @@ def _is_sealfs_process(pid: int) -> bool:
     except OSError:
         return True
     return b"sealfs" in cmdline
+
+
+_SEALFS_ARGV = frozenset({b"sealfs", b"sealfs.cli.main"})  # run as a script, or with -m
+
+
+def sealfs_command(pid: int) -> str | None:
+    """The sealfs command a process runs ("mount", "rekey"), from its command line; None
+    if unknown. An offline rekey holds the volume as a mount does, and a second rekey
+    or a mount meanwhile was told to unmount a mount that did not exist."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    starts = [
+        k for k, arg in enumerate(args) if arg == b"sealfs.cli.main" or arg.endswith(b"/sealfs")
+    ]
+    if not starts:
+        return None
+    command = next((arg for arg in args[starts[0] + 1 :] if not arg.startswith(b"-")), None)
+    return command.decode(errors="replace") if command else None
 
 
 START_TIME_SLACK_NS = 2_000_000_000  # /proc's boot time is whole seconds; ticks are 10 ms

@@ -279,6 +279,12 @@ def test_offline_rekey_killed_then_run_again(volume_env: VolumeEnv) -> None:
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for_first_reseal(env.store, lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGSTOP)  # holding the volume, half-way
+        # A mount meanwhile is told what holds the volume: it was told to unmount the
+        # mount of the rekey's pid, and no mount there was.
+        refused = sealfs(*env.mount_args())
+        assert refused.returncode == BUSY, refused.stderr
+        assert f"being rekeyed by 'sealfs rekey' (pid {proc.pid})" in one_line(refused, BUSY)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.communicate(timeout=30)
