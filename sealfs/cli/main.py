@@ -86,7 +86,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="sealfs", description="An encrypted filesystem whose store sees only sealed objects."
     )
     parser.add_argument("--version", action="version", version=f"sealfs {__version__}")
-    parser.add_argument("--verbose", "-v", action="store_true", help="log debug detail")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="log what the command does, with debug detail"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = COMMANDS[command].module if command in COMMANDS else None
     for name, (module, help_text) in COMMANDS.items():

@@ -99,7 +99,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=[],
         metavar="SLOT",
         help="do not carry this keyslot over to the new key (a secret that may have leaked, or"
-        " a passphrase or recovery slot other than the one you unlock with); repeatable",
+        " a passphrase or recovery slot whose secret you do not give); repeatable",
     )
     p.add_argument(
         "--no-wait",
