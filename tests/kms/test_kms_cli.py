@@ -13,7 +13,6 @@ import pytest
 from sealfs.keys.header import HEADER_NAME
 from tests.cli.test_bad_input import fingerprint, one_line
 from tests.cli.test_keys import cli, ok, write
-from tests.fuse.test_follow import wait_until
 from tests.kms.conftest import key_id_of
 from tests.mounts import (
     CHEAP_KDF,
@@ -22,6 +21,7 @@ from tests.mounts import (
     force_unmount,
     mounted_sealfs,
     sealfs,
+    wait_until,
 )
 
 WRONG_KEY, FAILURE, USAGE = 3, 1, 2
