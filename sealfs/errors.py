@@ -125,6 +125,12 @@ class StoreError(SealfsError):
     """A store operation failed."""
 
 
+class NoCredentialsError(StoreError, ConfigError):
+    """No usable credentials for the store: a setting to fix (exit 2, as a missing
+    profile), and a store failure to the code that retries or reports those (a mount
+    whose credentials went away keeps its data pending)."""
+
+
 class ObjectNotFoundError(StoreError):
     """The named object does not exist in the store."""
 

@@ -46,6 +46,7 @@ from botocore.config import Config
 
 from sealfs.errors import (
     ConfigError,
+    NoCredentialsError,
     ObjectExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -467,10 +468,19 @@ class S3Store:
                 f"cannot set up the S3 client (check --s3-endpoint and the AWS_* settings):"
                 f" {self._scrub(exc)}"
             ) from None
+        except bex.PartialCredentialsError as exc:
+            raise self._no_credentials(exc) from None
         except bex.BotoCoreError as exc:
             raise StoreError(f"cannot set up the S3 client: {self._scrub(exc)}") from None
         client.meta.events.register("before-send.s3.PutObject", _without_expect_continue)
         return client
+
+    def _no_credentials(self, exc: Exception) -> NoCredentialsError:
+        # botocore's message names the variable missing, never a value.
+        return NoCredentialsError(
+            f"{self.describe()}: no usable AWS credentials ({exc}): set AWS_ACCESS_KEY_ID and"
+            " AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role"
+        )
 
     def _region(self) -> str | None:
         """An explicit region, else AWS_REGION (boto3 reads AWS_DEFAULT_REGION, profiles)."""
@@ -556,11 +566,7 @@ class S3Store:
         except StoreError:
             raise
         except (bex.NoCredentialsError, bex.PartialCredentialsError) as exc:
-            raise StoreError(
-                f"{self.describe()}: no usable AWS credentials ({type(exc).__name__}): set"
-                " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an"
-                " instance role"
-            ) from None
+            raise self._no_credentials(exc) from None
         except bex.CredentialRetrievalError as exc:
             raise TransientStoreError(
                 f"{self.describe()}: fetching credentials failed: {self._scrub(exc)}"

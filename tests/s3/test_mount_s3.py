@@ -23,9 +23,17 @@ import pytest
 from sealfs.cli.exitcodes import FAILURE
 from sealfs.cli.mount_cmd import commit_mount
 from sealfs.volume.chunks import GAVE_UP_FRESH
+from tests.cli.test_bad_input import one_line
 from tests.conftest import crashable_ext4
-from tests.fuse.test_follow import wait_until
-from tests.mounts import CHEAP_KDF, PASSPHRASE, force_unmount, mounted_sealfs, sealfs, write_secret
+from tests.mounts import (
+    CHEAP_KDF,
+    PASSPHRASE,
+    force_unmount,
+    mounted_sealfs,
+    sealfs,
+    wait_until,
+    write_secret,
+)
 from tests.s3.conftest import S3VolumeEnv
 from tests.s3.proxy import FaultProxy
 from tests.s3.server import all_objects, client, new_bucket
@@ -468,6 +476,23 @@ def test_a_relative_aws_credentials_file_still_serves_the_daemon(s3_env: S3Volum
     finally:
         env.umount()
     assert "NoCredentials" not in env.log_text() and "credentials" not in env.log_text()
+
+
+def test_missing_or_partial_credentials_are_a_configuration_error(s3_env: S3VolumeEnv) -> None:
+    """No usable credentials exit 2 with the fix, as a missing AWS_PROFILE did: partial
+    ones (a key id without its secret) said only "cannot set up the S3 client" with
+    exit 1, and none at all exit 1, which reads as the store having failed."""
+    env = s3_env
+    secrets = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    partial = {k: v for k, v in os.environ.items() if k != "AWS_SECRET_ACCESS_KEY"}
+    none = {k: v for k, v in os.environ.items() if k not in secrets}
+    for variables in (partial, none):
+        result = sealfs(
+            "status", env.url, "--s3-endpoint", env.endpoint, "--passphrase-file",
+            str(env.passfile), "--store-timeout", "3", env=variables,
+        )  # fmt: skip
+        line = one_line(result, 2)
+        assert "no usable AWS credentials" in line and "AWS_SECRET_ACCESS_KEY" in line, line
 
 
 def test_hot_reads_send_no_request_and_status_counts_requests(s3_env: S3VolumeEnv) -> None:
