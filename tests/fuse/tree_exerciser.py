@@ -74,27 +74,33 @@ def renameat2(src: str, dst: str, flags: int) -> None:
 
 def describe(root: Path) -> Tree:
     """Everything the comparison covers, with hard links told apart by the order in
-    which their inode is first met (inode numbers differ between the trees)."""
+    which their inode is first met (inode numbers differ between the trees). An entry
+    the caller may not look at (below a directory it may not search) is described as
+    such: run by a user other than root, the exerciser meets those."""
     inodes: dict[int, int] = {}
     entries: list[tuple[object, ...]] = []
     for directory, dirs, files in os.walk(root):
         dirs.sort()
         for name in sorted(dirs + files):
             path = Path(directory, name)
-            st = os.lstat(path)
             relative = str(path.relative_to(root))
-            kind = stat.S_IFMT(st.st_mode)
-            entry: tuple[object, ...] = (relative, kind, stat.S_IMODE(st.st_mode), st.st_nlink)
-            if stat.S_ISREG(kind):
-                link = inodes.setdefault(st.st_ino, len(inodes))
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-                entry += (st.st_size, digest, link)
-            if stat.S_ISLNK(kind):
-                entry += (os.readlink(path),)
-            else:
-                entry += tuple(sorted((x, os.getxattr(path, x)) for x in os.listxattr(path)))
-            entries.append(entry)
+            try:
+                entries.append((relative, *_described(path, inodes)))
+            except PermissionError:
+                entries.append((relative, "EACCES"))
     return tuple(entries)
+
+
+def _described(path: Path, inodes: dict[int, int]) -> tuple[object, ...]:
+    st = os.lstat(path)
+    kind = stat.S_IFMT(st.st_mode)
+    entry: tuple[object, ...] = (kind, stat.S_IMODE(st.st_mode), st.st_nlink)
+    if stat.S_ISREG(kind):
+        link = inodes.setdefault(st.st_ino, len(inodes))
+        entry += (st.st_size, hashlib.sha256(path.read_bytes()).hexdigest()[:16], link)
+    if stat.S_ISLNK(kind):
+        return (*entry, os.readlink(path))
+    return entry + tuple(sorted((x, os.getxattr(path, x)) for x in os.listxattr(path)))
 
 
 @dataclass
@@ -401,7 +407,8 @@ class TreeExerciser:
 
     def _entries(self) -> list[tuple[str, int]]:
         """(path, lstat mode) of every entry of the reference tree."""
-        return [(str(entry[0]), int(str(entry[1]))) for entry in describe(self.reference)]
+        described = describe(self.reference)
+        return [(str(entry[0]), entry[1]) for entry in described if isinstance(entry[1], int)]
 
     def _existing(self) -> list[str]:
         return [path for path, _ in self._entries()]
@@ -419,6 +426,8 @@ class TreeExerciser:
                 f"{text}: the mount gave {got}, the reference {want}\n" + str(self.history)
             )
         self.counts["succeeded" if got[0] == "ok" else "failed alike"] += 1
+        if got[0] == "error":
+            self.counts[str(got[1])] += 1  # which errnos were met, for the printed counts
         self.since_sync.append(describe(reference))
         return got[0] == "ok"
 
