@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 
 from tests.fuse.exercising import Operations, Recent, run_at_random
-from tests.mounts import VolumeEnv, reached, scratch_volume, wait_until
+from tests.mounts import VolumeEnv, reached, scratch_volume, sealfs, wait_until
 
 KiB = 1 << 10
 DIRECT_ALIGN = 4 * KiB  # O_DIRECT offsets, lengths and buffers
@@ -55,6 +55,7 @@ class Exerciser:
     base: int = 0  # where the exercised bytes start: a hole before them (past 4 GiB, say)
     follower: Path | None = None  # a read-only mount of the volume, checked after fsyncs
     follower_fd: int | None = None
+    rekeys: bool = False  # start rekeys of the mounted volume now and then
     name: str = "exercised"
     model: bytearray = field(default_factory=bytearray)
     since_sync: list[bytes] = field(default_factory=list)  # states a crash may leave
@@ -98,6 +99,8 @@ class Exerciser:
         }
         if self.crash:
             ops["kill"] = (1, self.kill)
+        if self.rekeys:
+            ops["rekey"] = (1, self.rekey)
         return ops
 
     # -- the operations ------------------------------------------------------------
@@ -217,6 +220,17 @@ class Exerciser:
         self._note(f"reopen {which}")
         os.close(self.fds.pop(which))
         self._open(which)
+
+    def rekey(self) -> None:
+        """Start a rekey of the mounted volume: the daemon re-seals every object in the
+        background while the operations go on (and kills, remounts, follower checks)."""
+        self._note("rekey --no-wait")
+        started = sealfs(
+            "rekey", str(self.env.store), "--passphrase-file", str(self.env.passfile),
+            "--recovery-key-file", str(self.env.recovery_file), "--no-wait",
+        )  # fmt: skip
+        if started.returncode != 0:
+            raise Mismatch(f"the rekey did not start: {started.stderr}" + str(self.history))
 
     def remount(self) -> None:
         self._note("remount")
@@ -425,11 +439,14 @@ def main() -> None:
     parser.add_argument("--max-size", type=int, default=1 << 20, help="bytes the file may grow to")
     parser.add_argument("--base", type=int, default=0, help="a hole this long before them")
     parser.add_argument("--follower", action="store_true", help="check a read-only mount too")
+    parser.add_argument("--rekeys", action="store_true", help="rekey the volume now and then")
     args = parser.parse_args()
     options = ("--commit-interval", args.commit_interval)
     with scratch_volume(args.root, options, follower=args.follower) as (env, follower):
         rng = random.Random(args.seed)
-        exerciser = Exerciser(env, rng, args.max_size, args.crash, options, args.base, follower)
+        exerciser = Exerciser(
+            env, rng, args.max_size, args.crash, options, args.base, follower, rekeys=args.rekeys
+        )
         exerciser.run(args.ops)
     print(f"seed {args.seed}: {args.ops} operations checked: {dict(exerciser.counts)}")
 

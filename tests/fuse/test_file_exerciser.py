@@ -10,7 +10,7 @@ import random
 import pytest
 
 from tests.fuse.file_exerciser import Exerciser, exercise_stripes
-from tests.mounts import VolumeEnv, read_only_mount
+from tests.mounts import VolumeEnv, read_only_mount, sealfs
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -54,6 +54,22 @@ def test_a_read_only_mount_shows_each_synced_state(volume_env: VolumeEnv) -> Non
         exerciser.run(500)
     assert exerciser.counts["fsync"] > 0 and exerciser.counts["kill"] > 0
     volume_env.umount()
+
+
+def test_random_io_through_rekeys_and_kills(volume_env: VolumeEnv) -> None:
+    """Rekeys started now and then re-seal every object in the daemon's background
+    while the I/O, remounts and kills go on: every byte still reads as written, and the
+    volume ends under the newest key."""
+    volume_env.mount(*COMMIT_OFTEN)
+    exerciser = Exerciser(volume_env, random.Random(6), 1 << 20, True, COMMIT_OFTEN, rekeys=True)
+    exerciser.run(500)
+    assert exerciser.counts["rekey"] > 2 and exerciser.counts["kill"] > 0
+    volume_env.umount()
+    listed = sealfs(
+        "key", "list", str(volume_env.store), "--passphrase-file", str(volume_env.passfile)
+    )
+    epoch = listed.stdout.splitlines()[1]  # "key epoch N", and whether its rekey finished
+    assert epoch.split()[:3] == ["key", "epoch", str(exerciser.counts["rekey"])], listed.stdout
 
 
 def test_writers_side_by_side_on_one_file(volume_env: VolumeEnv) -> None:
