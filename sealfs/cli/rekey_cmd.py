@@ -309,13 +309,13 @@ def _given_for(
         option = "the passphrase given"
     else:
         return None
-    if not opens_slot(slot, unlocked.header, secret):
-        raise ConfigError(
-            f"keyslot {slot.slot_id} ({slot.kind}) does not open with {option}: give its own"
-            f" secret, or --drop-slot {slot.slot_id} and add it again after the rekey"
-            " ('sealfs key add')"
-        )
-    return secret
+    if opens_slot(slot, unlocked.header, secret):
+        return secret
+    raise ConfigError(
+        f"keyslot {slot.slot_id} ({slot.kind}) does not open with {option} (a rekey takes one"
+        f" passphrase and one recovery key): give the one that opens it, or --drop-slot"
+        f" {slot.slot_id} and add it again after the rekey ('sealfs key add')"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from sealfs.errors import ConfigError
 from sealfs.keys.header import decode_header
 from sealfs.store.s3 import S3Store
 from tests.cli.test_bad_input import fingerprint, one_line
-from tests.mounts import VolumeEnv, python_as_nobody, sealfs, write_secret
+from tests.mounts import CHEAP_KDF, VolumeEnv, python_as_nobody, sealfs, write_secret
 
 CONFIG_ERROR, BUSY = 2, 5
 
@@ -133,6 +133,18 @@ def test_rekey_given_both_secrets_keeps_both_slots(volume_env: VolumeEnv) -> Non
     ):
         opened = sealfs("status", str(env.store), option, str(secret), "--json")
         assert opened.returncode == 0, opened.stderr
+    # A second passphrase slot opens with another passphrase than the one given: the
+    # command takes one of each kind, so that slot is to be dropped and added again (or
+    # the passphrase that opens it given).
+    second = write_secret(env.root / "second", "a second passphrase\n")
+    added = sealfs(
+        "key", "add", str(env.store), "passphrase", "--passphrase-file", str(env.passfile),
+        "--new-passphrase-file", str(second), *CHEAP_KDF,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    line = one_line(rekey(env, "--recovery-key-file", str(env.recovery_file)), CONFIG_ERROR)
+    assert "keyslot 2 (passphrase) does not open with the passphrase given" in line
+    assert "--drop-slot 2" in line
 
 
 def test_rekey_of_a_copy_made_under_a_live_mount_names_that_mount(
