@@ -79,6 +79,7 @@ from sealfs.volume.loader import (
 )
 from sealfs.volume.options import VolumeOptions
 from sealfs.volume.rekey import RekeyProgress
+from sealfs.wording import counted
 
 POLL_SECONDS = 0.25
 # What the error of a stopped rekey adds, whether it ran on a mount or here.
@@ -146,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
         with kept_current(seen, lambda: volume.commits.head):  # its commits, as a mount's
             progress = trio.run(_rekey_here, volume)
     print(
-        f"Rekey done: key epoch {progress.from_epoch} is gone; {progress.resealed} objects"
-        f" ({format_size(progress.resealed_bytes)}) re-encrypted in {progress.seconds():.1f} s."
+        f"Rekey done: key epoch {progress.from_epoch} is gone;"
+        f" {counted(progress.resealed, 'object')} ({format_size(progress.resealed_bytes)})"
+        f" re-encrypted in {progress.seconds():.1f} s."
     )
     return 0
 

@@ -64,6 +64,7 @@ from sealfs.volume.chunks import CHUNK_PREFIX, MAX_SEALED_CHUNK
 from sealfs.volume.committer import Committer
 from sealfs.volume.header_io import read_header_version, write_header
 from sealfs.volume.loader import Loaded
+from sealfs.wording import counted
 
 log = logging.getLogger("sealfs.volume")
 T = TypeVar("T")
@@ -196,8 +197,8 @@ class Rekeyer:
         self.done.set()
         p = self.progress
         log.info(
-            "rekey to key epoch %d done: %d objects re-sealed (%d bytes), %d already were",
-            p.to_epoch, p.resealed, p.resealed_bytes, p.checked - p.resealed,
+            "rekey to key epoch %d done: %s re-sealed (%d bytes), %d already were",
+            p.to_epoch, counted(p.resealed, "object"), p.resealed_bytes, p.checked - p.resealed,
         )  # fmt: skip
 
     async def _pass(self) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -124,6 +125,8 @@ def test_rekey_given_both_secrets_keeps_both_slots(volume_env: VolumeEnv) -> Non
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # a command's output, not a daemon's log lines
+    summary = re.search(r"is gone; (\d+) (objects?) \(", done.stdout)
+    assert summary and (summary[2] == "object") == (summary[1] == "1"), done.stdout  # "1 objects"
     rekeyed = header(env.store)
     assert rekeyed.data_epoch == 1 and rekeyed.retired is None  # type: ignore[attr-defined]
     assert sorted(slot.kind for slot in rekeyed.slots) == ["passphrase", "recovery"]  # type: ignore[attr-defined]
