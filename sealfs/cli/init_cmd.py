@@ -134,7 +134,6 @@ def _create(args: argparse.Namespace) -> int:
 
         probe_conditional_writes(store)  # before any question: refuse an unsafe service at once
         warn_if_versioned(store)
-        warn_if_versioned(store)
     with init_slot_makers(args) as extra_slots:
         # With a KMS key or a token and no passphrase source: no passphrase slot.
         with_passphrase = not extra_slots or passphrase_configured(args)

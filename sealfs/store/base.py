@@ -182,7 +182,6 @@ def warn_if_versioned(store: object) -> None:
     rekey re-sealed still under the old key. So "nothing the volume holds opens with
     the old key" would not hold, and the bucket would grow without bound; the
     versioned bucket was taken without a word.
-
     """
     bucket = versioned_bucket(store)
     if bucket is not None:

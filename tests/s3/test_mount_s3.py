@@ -779,6 +779,7 @@ def test_a_bucket_that_keeps_versions_is_warned_about(
     made = env.init()
     assert f"bucket {bucket} keeps object versions" in made.stderr, made.stderr
     assert "expire noncurrent versions" in made.stderr
+    assert made.stderr.count("keeps object versions") == 1, made.stderr  # asked once
     mounted = env.mount()
     try:
         assert f"bucket {bucket} keeps object versions" in mounted.stderr, mounted.stderr
