@@ -680,12 +680,8 @@ def writer_alive(writer: WriterInfo) -> bool:
 
 def _is_sealfs_process(pid: int) -> bool:
     """Whether the process's command line names sealfs (unknown: True)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except OSError:
-        return True
-    return b"sealfs" in cmdline
+    argv = _argv(pid)
+    return argv is None or any(b"sealfs" in arg for arg in argv)
 
 
 _SEALFS_ARGV = frozenset({b"sealfs", b"sealfs.cli.main"})  # run as a script, or with -m
@@ -695,18 +691,21 @@ def sealfs_command(pid: int) -> str | None:
     """The sealfs command a process runs ("mount", "rekey"), from its command line; None
     if unknown. An offline rekey holds the volume as a mount does, and a second rekey
     or a mount meanwhile was told to unmount a mount that did not exist."""
+    argv = _argv(pid) or []
+    start = next((k for k, arg in enumerate(argv) if os.path.basename(arg) in _SEALFS_ARGV), None)
+    if start is None:
+        return None
+    command = next((arg for arg in argv[start + 1 :] if not arg.startswith(b"-")), None)
+    return command.decode(errors="replace") if command else None
+
+
+def _argv(pid: int) -> list[bytes] | None:
+    """The process's arguments from /proc; None if unreadable (gone, or hidden)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
         return None
-    starts = [
-        k for k, arg in enumerate(args) if arg == b"sealfs.cli.main" or arg.endswith(b"/sealfs")
-    ]
-    if not starts:
-        return None
-    command = next((arg for arg in args[starts[0] + 1 :] if not arg.startswith(b"-")), None)
-    return command.decode(errors="replace") if command else None
 
 
 START_TIME_SLACK_NS = 2_000_000_000  # /proc's boot time is whole seconds; ticks are 10 ms
