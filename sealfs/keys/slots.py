@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -285,8 +285,7 @@ def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[
     NoSlotOfKindError, naming the slots there are, if none is of the secret's kind:
     once `key remove` or a rekey's --drop-slot took the last one, a right passphrase
     was said to be wrong, and the operator hunted for a typo."""
-    vid = header.volume_id
-    kind = KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY
+    kind = _kind_of(secret)
     slots = [s for s in header.slots if s.kind == kind]
     if not slots:
         held = ", ".join(f"{slot.slot_id} {slot.kind}" for slot in header.slots)
@@ -294,14 +293,10 @@ def _try_slots(header: VolumeHeader, secret: Passphrase | RecoveryKey) -> tuple[
             f"the volume has no {kind} keyslot (its keyslots: {held}): unlock with one of those"
         )
     if isinstance(secret, Passphrase):
-        # Validate every slot's cost before running Argon2 on any of them.
-        params = [argon2_params_from_slot(s) for s in slots]
-        keys: Iterator[bytes] = (derive_key(secret.value, p) for p in params)
-    else:
-        wrapping_key = _recovery_wrapping_key(secret.value, vid)
-        keys = (wrapping_key for _ in slots)
-    for slot, key in zip(slots, keys, strict=True):
-        master_key = _unwrap(key, slot, vid)
+        for slot in slots:  # every slot's cost validated before Argon2 runs on any of them
+            argon2_params_from_slot(slot)
+    for slot in slots:
+        master_key = _open_slot(slot, header.volume_id, secret)
         if master_key is not None:
             return slot.slot_id, master_key
     return None
@@ -311,13 +306,20 @@ def opens_slot(slot: Keyslot, header: VolumeHeader, secret: Passphrase | Recover
     """Whether secret opens this one slot (an Argon2 run for a passphrase): a rekey re-makes
     a slot only from the secret that opens it, a second one given beside the one that
     unlocked included, never from a mistyped one that would lock its owner out."""
-    if slot.kind != (KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY):
-        return False
+    return slot.kind == _kind_of(secret) and _open_slot(slot, header.volume_id, secret) is not None
+
+
+def _kind_of(secret: Passphrase | RecoveryKey) -> str:
+    return KIND_PASSPHRASE if isinstance(secret, Passphrase) else KIND_RECOVERY
+
+
+def _open_slot(slot: Keyslot, volume_id: bytes, secret: Passphrase | RecoveryKey) -> bytes | None:
+    """The master key slot (of the secret's kind) wraps, or None if secret does not open it."""
     if isinstance(secret, Passphrase):
         wrapping_key = derive_key(secret.value, argon2_params_from_slot(slot))
     else:
-        wrapping_key = _recovery_wrapping_key(secret.value, header.volume_id)
-    return _unwrap(wrapping_key, slot, header.volume_id) is not None
+        wrapping_key = _recovery_wrapping_key(secret.value, volume_id)
+    return _unwrap(wrapping_key, slot, volume_id)
 
 
 def _try_opener(header: VolumeHeader, opener: SlotOpener) -> tuple[int, bytes]:
