@@ -78,7 +78,7 @@ from sealfs.volume.loader import (
     writer_alive,
 )
 from sealfs.volume.options import VolumeOptions
-from sealfs.volume.rekey import RekeyProgress
+from sealfs.volume.rekey import PROGRESS_NEWS, RekeyProgress
 from sealfs.wording import counted
 
 POLL_SECONDS = 0.25
@@ -493,12 +493,12 @@ def _follow_mount(mountpoint: str) -> RekeyProgress:
 
 
 class _StopsSaidOnce(logging.Filter):
-    """Drops the rekey's error lines while this command runs it. Written for a daemon's
-    log, where nobody else reports them, they said each stop twice here: a pause shows
-    in the progress bar, and a stop is the command's error."""
+    """Drops the rekey's lines that its progress says too (PROGRESS_NEWS) while this
+    command runs it. Written for a daemon's log, they said each stop twice here: a pause
+    shows in the progress bar, and a stop is the command's error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.module == "rekey" and record.levelno >= logging.ERROR)
+        return not any(getattr(record, name, False) for name in PROGRESS_NEWS)
 
 
 async def _rekey_here(volume: Volume) -> RekeyProgress:

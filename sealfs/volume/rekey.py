@@ -68,6 +68,10 @@ from sealfs.wording import counted
 
 log = logging.getLogger("sealfs.volume")
 T = TypeVar("T")
+# Marks the log lines that say what progress.error and failure say too: a daemon's
+# log is where those are read, but a command that shows the progress and reports
+# the failure itself leaves them out (LogRecord attribute, set through extra=).
+PROGRESS_NEWS = {"rekey_progress_news": True}
 
 WORKERS = 8  # objects re-sealed at once (the volume's I/O limiter bounds threads too)
 IN_FLIGHT_POLL = 0.02  # seconds between checks for old-epoch seals still running
@@ -184,11 +188,14 @@ class Rekeyer:
                     "rekey stopped: %s; the old key stays until every object is re-sealed:"
                     " repair or restore the object, then run 'sealfs rekey' again",
                     exc,
+                    extra=PROGRESS_NEWS,
                 )
                 return
             except SealfsError as exc:
                 self.progress.error = str(exc)
-                log.error("rekey paused, will retry in %.0f s: %s", RETRY_DELAY, exc)
+                log.error(
+                    "rekey paused, will retry in %.0f s: %s", RETRY_DELAY, exc, extra=PROGRESS_NEWS
+                )
                 await trio.sleep(RETRY_DELAY)
                 continue
             break
