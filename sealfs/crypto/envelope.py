@@ -25,7 +25,10 @@ HEADER_SIZE = 8
 ENVELOPE_OVERHEAD = HEADER_SIZE + aead.NONCE_SIZE + aead.TAG_SIZE
 
 FLAG_ZSTD = 0x01
-_KNOWN_FLAGS = FLAG_ZSTD
+# A chunk's payload is a base chunk's id and a zstd frame made with that chunk's
+# plaintext as dictionary (sealfs.volume.chunks): never with FLAG_ZSTD, never in metadata.
+FLAG_DELTA = 0x02
+_KNOWN_FLAGS = FLAG_ZSTD | FLAG_DELTA
 MAX_EPOCH = 0xFFFF
 
 _HEADER = struct.Struct(">3sBBBH")
@@ -96,6 +99,8 @@ def _parse_header(data: bytes | memoryview) -> _Header:
         raise FormatError(f"sealed object has unknown kind {kind}") from None
     if flags & ~_KNOWN_FLAGS:
         raise FormatError(f"sealed object has reserved flag bits set (flags=0x{flags:02x})")
+    if flags & FLAG_DELTA and (flags != FLAG_DELTA or object_kind is not ObjectKind.CHUNK):
+        raise FormatError(f"sealed {object_kind.name.lower()} has flags 0x{flags:02x}")
     return _Header(raw, object_kind, flags, epoch)
 
 
@@ -127,6 +132,8 @@ def seal_object(
     _check_binding(kind, binding)
     if flags & ~_KNOWN_FLAGS:
         raise ValueError(f"unknown envelope flags 0x{flags:x}")
+    if flags & FLAG_DELTA and (flags != FLAG_DELTA or kind is not ObjectKind.CHUNK):
+        raise ValueError(f"envelope flags 0x{flags:x} on a {kind.name.lower()}")
     if not 0 <= epoch <= MAX_EPOCH:
         raise ValueError(f"key epoch {epoch} does not fit in 16 bits")
     header = _HEADER.pack(MAGIC, VERSION, kind, flags, epoch)

@@ -113,7 +113,7 @@ def encode_snapshot(keys: SealKeys, volume_id: bytes, state: MetaState) -> bytes
         "next_ino": state.next_ino,
         "writer": None if state.writer is None else ops.writer(state.writer)[1:],
         "inodes": [_inode_row(inode) for inode in state.inodes.values()],
-        "chunks": [[cid, c.plain_size, c.stored_size] for cid, c in state.chunks.items()],
+        "chunks": [[cid, *ops.chunk_row(c)] for cid, c in state.chunks.items()],
     }
     return _seal(keys, volume_id, ObjectKind.SNAPSHOT, state.generation, payload, bounded=True)[0]
 
@@ -174,13 +174,14 @@ def _inode_from_row(row: object) -> Inode:
 def _chunk_from_row(row: object) -> tuple[bytes, ChunkInfo]:
     if (
         type(row) is not list
-        or len(row) != 3
+        or len(row) not in (3, 5)
         or type(row[0]) is not bytes
         or type(row[1]) is not int
         or type(row[2]) is not int
+        or (len(row) == 5 and not (type(row[3]) is bytes and type(row[4]) is bytes))
     ):
         _bad("chunk")
-    return row[0], ChunkInfo(row[1], row[2])
+    return row[0], ops.chunk_info(row[1:])
 
 
 def _seal(

@@ -63,10 +63,17 @@ class WriterInfo:
 
 @dataclass(frozen=True, slots=True)
 class ChunkInfo:
-    """Sizes of one chunk: advisory, for statistics (extents are authoritative)."""
+    """Sizes of one chunk, advisory, for statistics (extents are authoritative), and
+    what a writer needs to store a similar chunk as a difference from it.
+
+    features: the chunk's similarity features (sealfs.crypto.ids), or b"".
+    base: the id of the chunk this one is stored as a difference from, or b"".
+    """
 
     plain_size: int
     stored_size: int
+    features: bytes = b""
+    base: bytes = b""
 
 
 @dataclass(slots=True)
@@ -78,6 +85,10 @@ class MetaState:
     # The sum of the chunks' stored sizes, kept by put_chunk and set_chunks so that
     # statfs need not add up a million rows on the FUSE loop each time df asks.
     chunks_stored_bytes: int = 0
+    # Each feature of the chunk table's rows to the chunk a new chunk sharing it would
+    # be stored as a difference from: the row's base, or the row's chunk where it has
+    # none (a difference is never taken from a difference). Later rows win.
+    similar: dict[bytes, bytes] = field(default_factory=dict)
     generation: int = 0
     head_hash: bytes = bytes(32)
     committed_ns: int = 0
@@ -89,11 +100,31 @@ class MetaState:
         previous = self.chunks.get(chunk_id)
         self.chunks[chunk_id] = info
         self.chunks_stored_bytes += info.stored_size - (previous.stored_size if previous else 0)
+        self._index(chunk_id, info)
 
     def set_chunks(self, table: dict[bytes, ChunkInfo]) -> None:
         """Replace the whole chunk table, as a snapshot holds it."""
         self.chunks = table
         self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
+        self.similar = {}
+        for chunk_id, info in table.items():
+            self._index(chunk_id, info)
+
+    def _index(self, chunk_id: bytes, info: ChunkInfo) -> None:
+        features = info.features
+        if features:
+            root = info.base or chunk_id
+            half = len(features) // 2
+            self.similar[features[:half]] = root
+            self.similar[features[half:]] = root
+
+    def similar_roots(self, features: bytes) -> list[bytes]:
+        """The chunks a chunk with these features may be stored as a difference from, the
+        likeliest first: at most two, one if both features name it. Safe to call from a
+        worker thread (dictionary lookups only)."""
+        half = len(features) // 2
+        roots = [self.similar.get(f) for f in (features[:half], features[half:]) if f]
+        return list(dict.fromkeys(r for r in roots if r is not None))
 
     def note_ino(self, ino: int) -> None:
         """Keep next_ino above every inode number seen, so none is ever reused."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
+from sealfs.crypto.ids import CHUNK_ID_SIZE, FEATURES_SIZE
 from sealfs.errors import FormatError
 from sealfs.meta.extents import Extent, ExtentMap, extent_from_wire
 from sealfs.meta.model import ChunkInfo, Inode, MetaState, WriterInfo
@@ -119,8 +120,27 @@ def del_xattr(ino: int, name: bytes) -> Op:
     return [DEL_XATTR, ino, name]
 
 
-def chunk(chunk_id: bytes, plain_size: int, stored_size: int) -> Op:
-    return [CHUNK, chunk_id, plain_size, stored_size]
+def chunk(chunk_id: bytes, info: ChunkInfo) -> Op:
+    return [CHUNK, chunk_id, *chunk_row(info)]
+
+
+def chunk_row(info: ChunkInfo) -> list[Any]:
+    """A chunk table row after its id: the short form unless the chunk has features or a
+    base (a small chunk has neither, and most chunks of many small files are small)."""
+    if info.features or info.base:
+        return [info.plain_size, info.stored_size, info.features, info.base]
+    return [info.plain_size, info.stored_size]
+
+
+def chunk_info(fields: list[Any]) -> ChunkInfo:
+    """ChunkInfo from a row's fields after its id, their types checked already.
+
+    FormatError if features or base has a size no writer gives it.
+    """
+    info = ChunkInfo(*fields)
+    if len(info.features) not in (0, FEATURES_SIZE) or len(info.base) not in (0, CHUNK_ID_SIZE):
+        raise FormatError("malformed chunk record in metadata (features or base)")
+    return info
 
 
 def writer(info: WriterInfo) -> Op:
@@ -215,7 +235,7 @@ def _apply_del_xattr(state: MetaState, op: Op, live: bool) -> None:
 
 
 def _apply_chunk(state: MetaState, op: Op, live: bool) -> None:
-    state.put_chunk(op[1], ChunkInfo(op[2], op[3]))
+    state.put_chunk(op[1], chunk_info(op[2:]))
 
 
 def _apply_writer(state: MetaState, op: Op, live: bool) -> None:
@@ -260,6 +280,8 @@ _SHAPES: dict[int, tuple[type, ...]] = {
     CHUNK: (_B, _N, _N),
     WRITER: (str, _N, _B, _N, bool),
 }
+# Records that may also come in a longer form: a chunk with features or a base.
+_LONG_SHAPES: dict[int, tuple[type, ...]] = {CHUNK: (_B, _N, _N, _B, _B)}
 # Positions of atime, mtime and ctime among the inode fields.
 _TIME_FIELDS = tuple(k for k, kind in enumerate(_SHAPES[PUT_INODE]) if kind is _Time)
 
@@ -303,6 +325,8 @@ def check(op: object) -> None:
     if type(op) is not list or not op or type(op[0]) is not int or op[0] not in _SHAPES:
         raise FormatError("unknown operation record in metadata")
     shape = _SHAPES[op[0]]
+    if len(op) != len(shape) + 1:
+        shape = _LONG_SHAPES.get(op[0], shape)
     if len(op) != len(shape) + 1:
         raise FormatError(f"malformed operation record (opcode {op[0]}) in metadata")
     for kind, value in zip(shape, op[1:], strict=True):

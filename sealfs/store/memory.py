@@ -28,6 +28,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         # Requests per method name ("get", "put", ...), for tests of request economy.
         self.counts: collections.Counter[str] = collections.Counter()
+        self.fetched: collections.Counter[str] = collections.Counter()  # gets per name
 
     def _count(self, method: str) -> None:
         self.counts[method] += 1
@@ -37,6 +38,7 @@ class MemoryStore:
         validate_name(name)
         with self._lock:
             self._count("get")
+            self.fetched[name] += 1
             try:
                 data = self._objects[name]
             except KeyError:

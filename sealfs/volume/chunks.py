@@ -4,6 +4,13 @@ Sealing (HMAC id, zstd, AES-GCM) and store I/O run in worker threads, bounded
 by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
 through a decrypted-chunk LRU, and concurrent reads of one chunk share a
 single fetch.
+
+A new chunk that shares an end with a chunk already stored (its similarity
+features, sealfs.crypto.ids) is stored as a difference from that chunk where
+the difference is small: a checkpoint rewritten with scattered edits changes
+every chunk a little, and whole chunks cost what the file costs compressed at
+every version. A difference is taken from a whole chunk only, so a read needs
+at most one other chunk.
 """
 
 from __future__ import annotations
@@ -17,16 +24,18 @@ from typing import TypeVar
 
 import trio
 
-from sealfs.chunking.compress import decompress, maybe_compress
+from sealfs.chunking.compress import compress_delta, decompress, decompress_delta, maybe_compress
 from sealfs.chunking.fastcdc import MAX_CHUNK
 from sealfs.crypto.envelope import (
     ENVELOPE_OVERHEAD,
+    FLAG_DELTA,
     FLAG_ZSTD,
     ObjectKind,
     chunk_binding,
     open_object,
     seal_object,
 )
+from sealfs.crypto.ids import CHUNK_ID_SIZE, similarity_features
 from sealfs.crypto.ids import chunk_id as keyed_chunk_id
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
@@ -35,9 +44,11 @@ from sealfs.errors import (
     NewerEpochError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SealfsError,
     StoreUnavailableError,
 )
 from sealfs.keys.header import HEADER_NAME, MAX_HEADER_SIZE, decode_header
+from sealfs.meta.model import ChunkInfo
 from sealfs.store.base import ObjectStore
 from sealfs.store.cache import get_opened, get_stored
 
@@ -55,6 +66,11 @@ GAVE_UP_FRESH = 1.0
 # so a larger object under a chunk's name is refused before it is read into memory.
 MAX_SEALED_CHUNK = MAX_CHUNK + ENVELOPE_OVERHEAD
 SMALL_BATCH = 256  # small pieces sealed per worker-thread call (store_many)
+# A difference from a base is stored only if it is at most this share of the chunk's
+# plaintext (about a fifth of what zstd makes of JSON alone): one larger saves less than
+# the second read it costs every reader, and as a file drifts from the base its
+# versions share, a whole chunk stored now becomes the next versions' base.
+MAX_DELTA_SHARE = 1 / 16
 
 
 def chunk_name(chunk_id: bytes) -> str:
@@ -71,6 +87,20 @@ class StoredChunk:
     plain_size: int
     stored_size: int
     uploaded: bool
+    features: bytes = b""
+    base: bytes = b""
+
+    def info(self) -> ChunkInfo:
+        """Its row of the chunk table."""
+        return ChunkInfo(self.plain_size, self.stored_size, self.features, self.base)
+
+
+@dataclass(frozen=True, slots=True)
+class _Delta:
+    """An opened chunk stored as a difference: its base's id and its zstd frame."""
+
+    base: bytes
+    frame: bytes
 
 
 # What one entry costs beyond its payload: the id, the bytes object and the
@@ -90,6 +120,11 @@ class PlainCache:
 
     def __contains__(self, chunk_id: bytes) -> bool:
         return chunk_id in self._items
+
+    def peek(self, chunk_id: bytes) -> bytes | None:
+        """The plaintext if cached, without counting a use: one dictionary lookup, so a
+        worker thread may call it while the event loop changes the cache."""
+        return self._items.get(chunk_id)
 
     def get(self, chunk_id: bytes) -> bytes | None:
         data = self._items.get(chunk_id)
@@ -143,9 +178,13 @@ class Chunks:
         volume_id: bytes,
         keys: KeyRing,
         limiter: trio.CapacityLimiter,
+        similar_roots: Callable[[bytes], list[bytes]],
         cache_bytes: int = 64 << 20,
     ) -> None:
+        """similar_roots: the chunks a new chunk with these features may be stored as a
+        difference from (MetaState.similar_roots); called in worker threads."""
         self._store = store
+        self._similar_roots = similar_roots
         self._volume_id = volume_id
         self._keys = keys
         self._limiter = limiter
@@ -182,24 +221,56 @@ class Chunks:
             cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
             if cid in known and cid not in self._unusable:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
-            packed = maybe_compress(plaintext)
+            features = similarity_features(keys.chunk_id_key, plaintext)
+            payload: bytes | memoryview
+            base, payload, flags = self._as_delta(cid, plaintext, features)
+            if not base:
+                packed = maybe_compress(plaintext)
+                payload, flags = (plaintext, 0) if packed is None else (packed, FLAG_ZSTD)
             binding = chunk_binding(self._volume_id, cid)
-            if packed is None:
-                sealed = seal_object(
-                    keys.chunk_key, ObjectKind.CHUNK, binding, plaintext, epoch=epoch
-                )
-            else:
-                sealed = seal_object(
-                    keys.chunk_key, ObjectKind.CHUNK, binding, packed, flags=FLAG_ZSTD, epoch=epoch
-                )
-            self._put_new(cid, chunk_name(cid), sealed, replace=cid in self._unusable)
+            sealed = seal_object(
+                keys.chunk_key, ObjectKind.CHUNK, binding, payload, flags=flags, epoch=epoch
+            )
+            replace = cid in self._unusable
+            base = self._put_new(cid, chunk_name(cid), sealed, base, replace=replace)
         self._unusable.discard(cid)
         # Recorded in the chunk table even where _put_new kept the store's copy: the
         # table lacks it (it was not in known).
-        return StoredChunk(cid, len(plaintext), len(sealed), uploaded=True)
+        return StoredChunk(cid, len(plaintext), len(sealed), True, features, base)
 
-    def _put_new(self, cid: bytes, name: str, sealed: bytes, *, replace: bool) -> None:
+    def _as_delta(
+        self, cid: bytes, plaintext: bytes | memoryview, features: bytes
+    ) -> tuple[bytes, bytes, int]:
+        """Worker thread: (base id, payload, FLAG_DELTA) for a chunk worth storing as a
+        difference, else (b"", b"", 0).
+
+        Each end may name another chunk (the latest stored with it): a file that
+        begins like one and ends like another. The second is tried only if the
+        first gives no small difference. A base that cannot be read is passed
+        over, and one found damaged is not offered again (_unusable).
+        """
+        roots = self._similar_roots(features) if features else []
+        for root in roots:
+            if root == cid or root in self._unusable:
+                continue
+            base = self.cache.peek(root)
+            if base is None:
+                try:
+                    base = self._get_and_open(root, as_base=True)
+                except SealfsError as exc:
+                    log.info("chunk %s not used as a base: %s", chunk_name(root), exc)
+                    continue
+            frame = compress_delta(plaintext, base)
+            if len(frame) + CHUNK_ID_SIZE <= len(plaintext) * MAX_DELTA_SHARE:
+                return root, root + frame, FLAG_DELTA
+        return b"", b"", 0
+
+    def _put_new(
+        self, cid: bytes, name: str, sealed: bytes, base: bytes, *, replace: bool
+    ) -> bytes:
         """Put a chunk, keeping one already under its name unless it is known damaged.
+        Returns the base of the copy the store holds now (sealed's is base): a copy
+        kept may be a difference where sealed is whole, or the other way round.
 
         The name says what the chunk holds, so an object found there is this chunk
         sealed by another: a commit that crashed before its segment, or the writer
@@ -214,28 +285,38 @@ class Chunks:
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
-            why = self._unfit(cid, name)
-            if why is not None:
-                log.info("chunk %s in the store %s: replaced", name, why)
-                self._store.put(name, sealed)
+            why, kept_base = self._unfit(cid, name)
+            if why is None:
+                return kept_base
+            log.info("chunk %s in the store %s: replaced", name, why)
+            self._store.put(name, sealed)
+        return base
 
-    def _unfit(self, cid: bytes, name: str) -> str | None:
-        """Why the store's own copy of chunk name cannot stand for this writer's, or None."""
+    def _unfit(self, cid: bytes, name: str) -> tuple[str | None, bytes]:
+        """Why the store's own copy of chunk name cannot stand for this writer's (or None),
+        and that copy's base (b"" if it is whole, or could not be opened)."""
         try:
             found = get_stored(self._store, name, MAX_SEALED_CHUNK)
         except ObjectNotFoundError:
-            return "is gone"
+            return "is gone", b""
         except FormatError as exc:  # larger than any chunk, or not a regular file
-            return f"is malformed ({exc})"
+            return f"is malformed ({exc})", b""
         try:
-            self._open(cid, found)
+            opened = self._open(cid, found)
         except NewerEpochError as exc:
             if self._rekeyed_to(exc.epoch):
-                return None  # the new writer's rekey re-sealed it: never this writer's to undo
-            return f"names key epoch {exc.epoch}, which the volume's header does not"
+                return None, b""  # the new writer's rekey re-sealed it: never ours to undo
+            return f"names key epoch {exc.epoch}, which the volume's header does not", b""
         except (IntegrityError, FormatError) as exc:
-            return f"does not open ({exc})"
-        return None
+            return f"does not open ({exc})", b""
+        if not isinstance(opened, _Delta):
+            return None, b""
+        try:
+            self._undelta(cid, opened)
+        except SealfsError as exc:
+            if cid in self._unusable:  # its base is missing or damaged
+                return f"cannot be read ({exc})", b""
+        return None, opened.base
 
     def _rekeyed_to(self, epoch: int) -> bool:
         """Whether the volume's header (as the store holds it now) names key epoch epoch
@@ -294,10 +375,15 @@ class Chunks:
                 on_unavailable(exc)
                 raise
 
-    def _open(self, chunk_id: bytes, sealed: bytes) -> bytes:
+    def _open(self, chunk_id: bytes, sealed: bytes) -> bytes | _Delta:
+        """The plaintext of a sealed chunk, or what a difference names (authenticated)."""
         binding = chunk_binding(self._volume_id, chunk_id)
         epoch, keys = self._keys.keys_for(sealed)
         flags, body = open_object(keys.chunk_key, ObjectKind.CHUNK, binding, sealed, epoch=epoch)
+        if flags & FLAG_DELTA:
+            if len(body) <= CHUNK_ID_SIZE:
+                raise FormatError("a difference too short to name its base")
+            return _Delta(body[:CHUNK_ID_SIZE], body[CHUNK_ID_SIZE:])
         return decompress(body, MAX_CHUNK) if flags & FLAG_ZSTD else body
 
     def _seal_and_put_many(self, pieces: list[bytes], known: Container[bytes]) -> list[StoredChunk]:
@@ -321,7 +407,32 @@ class Chunks:
         self.uploaded_bytes += sum(r.stored_size for r in results)
         return results
 
-    def _get_and_open(self, chunk_id: bytes) -> bytes:
+    def _get_and_open(self, chunk_id: bytes, *, as_base: bool = False) -> bytes:
+        """Worker thread: the plaintext of a chunk, read with its base if it is stored as
+        a difference. as_base: the chunk is another's base, which must be whole.
+
+        A chunk whose base is missing or damaged cannot be read either, and is marked
+        so (_unusable): writing its bytes again stores them whole.
+        """
+        opened = self._get_opened(chunk_id)
+        if not isinstance(opened, _Delta):
+            return opened
+        if as_base:
+            raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")
+        return self._undelta(chunk_id, opened)
+
+    def _undelta(self, chunk_id: bytes, delta: _Delta) -> bytes:
+        """Worker thread: the plaintext of a chunk stored as delta, read with its base."""
+        try:
+            base = self.cache.peek(delta.base) or self._get_and_open(delta.base, as_base=True)
+            return decompress_delta(delta.frame, base, MAX_CHUNK)
+        except (ObjectNotFoundError, IntegrityError, FormatError) as exc:
+            if delta.base in self._unusable or isinstance(exc, FormatError):
+                self._unusable.add(chunk_id)
+            name = chunk_name(chunk_id)
+            raise type(exc)(f"chunk {name}, stored as a difference: {exc}") from None
+
+    def _get_opened(self, chunk_id: bytes) -> bytes | _Delta:
         name = chunk_name(chunk_id)
         try:
             return get_opened(

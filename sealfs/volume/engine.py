@@ -97,7 +97,12 @@ class Volume:
         self.store = loaded.store
         self._limiter = trio.CapacityLimiter(options.io_threads + RESERVED_WORKERS)
         self.chunks = Chunks(
-            loaded.store, loaded.volume_id, loaded.keys, self._limiter, options.chunk_cache_bytes
+            loaded.store,
+            loaded.volume_id,
+            loaded.keys,
+            self._limiter,
+            self.meta.similar_roots,
+            options.chunk_cache_bytes,
         )
         self._chunker = Chunker(loaded.keys.current.chunker_seed)
         # Blocks worth keeping hold up to back-pressure plus one FUSE write.
@@ -227,10 +232,15 @@ class Volume:
         self._nursery.start_soon(run)
 
     def _chunk_in_use(self, chunk_id: bytes) -> bool:
-        """Whether a file here, or one deleted and still open, has bytes in chunk_id."""
+        """Whether a file here, or one deleted and still open, has bytes in chunk_id, or in
+        a chunk stored as a difference from it."""
+        wanted = {chunk_id}
+        wanted.update(cid for cid, info in self.meta.chunks.items() if info.base == chunk_id)
         files = itertools.chain(self.meta.inodes.values(), self._detached.values())
         return any(
-            chunk_id in inode.extents.chunk_ids() for inode in files if inode.extents is not None
+            not wanted.isdisjoint(inode.extents.chunk_ids())
+            for inode in files
+            if inode.extents is not None
         )
 
     async def _stop_rekey(self) -> None:

@@ -310,10 +310,8 @@ class FileData:
         pieces = [piece for _, _, piece in group]
         stored = await self._chunks.store_many(pieces, self._meta.chunks, on_unavailable)
         for (job, start, piece), chunk in zip(group, stored, strict=True):
-            if chunk.uploaded and chunk.chunk_id not in self._meta.chunks:
-                record(
-                    self._meta, sink, ops.chunk(chunk.chunk_id, chunk.plain_size, chunk.stored_size)
-                )
+            if chunk.uploaded:  # new, or replacing a damaged copy: its row changes too
+                record(self._meta, sink, ops.chunk(chunk.chunk_id, chunk.info()))
             extent = Extent(start, len(piece), chunk.chunk_id, 0)
             op = ops.data(job.inode.ino, start, start + len(piece), [extent], job.size)
             if job.inode.ino in self._meta.inodes:
@@ -359,7 +357,7 @@ class FileData:
             sealed = await seal(regions)
         fresh, data_ops, tail, forced = sealed
         for cid, c in fresh.items():  # stored whatever became of the file: replay adds them too
-            record(self._meta, sink, ops.chunk(cid, c.plain_size, c.stored_size))
+            record(self._meta, sink, ops.chunk(cid, c))
         if inode.ino in self._meta.inodes:
             for op in data_ops:
                 record(self._meta, sink, op)
@@ -458,7 +456,7 @@ class FileData:
                 slots.release()
             for (key, region), piece, chunk in zip(batch, pieces, stored, strict=True):
                 if chunk.uploaded:
-                    fresh[chunk.chunk_id] = ChunkInfo(chunk.plain_size, chunk.stored_size)
+                    fresh[chunk.chunk_id] = chunk.info()
                 if region.end >= job.size:  # cut where the data ends, like _seal_region
                     self._chunks.cache.put(chunk.chunk_id, piece)
                 sealed[key] = ([Extent(region.start, len(piece), chunk.chunk_id, 0)], b"")
@@ -507,7 +505,7 @@ class FileData:
             finally:
                 slots.release()
             if stored.uploaded:
-                fresh[stored.chunk_id] = ChunkInfo(stored.plain_size, stored.stored_size)
+                fresh[stored.chunk_id] = stored.info()
             out.append(Extent(at, stored.plain_size, stored.chunk_id, 0))
 
         async def emit(view: memoryview, lengths: list[int]) -> memoryview:

@@ -8,7 +8,13 @@ import os
 import pytest
 import zstandard
 
-from sealfs.chunking.compress import decompress, maybe_compress
+from sealfs.chunking.compress import (
+    MAX_DELTA_WINDOW_LOG,
+    compress_delta,
+    decompress,
+    decompress_delta,
+    maybe_compress,
+)
 from sealfs.errors import FormatError
 
 MiB = 1 << 20
@@ -58,3 +64,27 @@ def test_decompress_refuses_output_beyond_the_bound() -> None:
 def test_decompress_refuses_a_corrupt_frame() -> None:
     with pytest.raises(FormatError, match="corrupt compressed payload"):
         decompress(b"\x28\xb5\x2f\xfd garbage", MiB)
+
+
+def test_a_difference_reads_back_with_its_base_only() -> None:
+    base = checkpoint_like(MiB)
+    data = base[:300_000] + b"an edit in the middle" + base[300_000:]
+    frame = compress_delta(data, base)
+    assert len(frame) < 200  # the edit and a few matches: the base holds the rest
+    assert decompress_delta(frame, base, 4 * MiB) == data
+    other = base[:-1] + b"!"  # a base other than the writer's: zstd's checksum catches it
+    with pytest.raises(FormatError, match="checksum"):
+        decompress_delta(frame, other, 4 * MiB)
+    with pytest.raises(FormatError, match="claims"):
+        decompress_delta(frame, base, len(data) - 1)
+
+
+def test_a_difference_asking_for_a_larger_window_is_refused() -> None:
+    """The window bounds what a reader allocates; a writer needs at most 2^23 (a 4 MiB
+    base and a 4 MiB chunk)."""
+    params = zstandard.ZstdCompressionParameters(window_log=MAX_DELTA_WINDOW_LOG + 1)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = stream.compress(os.urandom(1000)) + stream.flush()  # no size: the window stays
+    assert zstandard.get_frame_parameters(frame).window_size > 1 << MAX_DELTA_WINDOW_LOG
+    with pytest.raises(FormatError, match="too much memory"):
+        decompress_delta(frame, b"base", 4 * MiB)

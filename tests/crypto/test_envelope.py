@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sealfs.crypto.envelope import (
     ENVELOPE_OVERHEAD,
+    FLAG_DELTA,
     FLAG_ZSTD,
     ObjectKind,
     chunk_binding,
@@ -81,6 +82,9 @@ TAMPER_CASES = {
     "kind-other": (_flip(GOLDEN_CHUNK, 4, 0x03), IntegrityError),  # 1 -> 2 (segment)
     "reserved-flag": (_flip(GOLDEN_CHUNK, 5, 0x80), FormatError),
     "zstd-flag-cleared": (_flip(GOLDEN_CHUNK, 5, 0x01), IntegrityError),
+    "delta-flag-for-zstd": (_flip(GOLDEN_CHUNK, 5, 0x03), IntegrityError),  # 0x01 -> 0x02
+    "delta-flag-with-zstd": (_flip(GOLDEN_CHUNK, 5, 0x02), FormatError),
+    "delta-flag-on-segment": (_flip(GOLDEN_SEGMENT, 5, 0x02), FormatError),
     "epoch": (_flip(GOLDEN_CHUNK, 7), IntegrityError),
     "nonce-first": (_flip(GOLDEN_CHUNK, 8), IntegrityError),
     "nonce-last": (_flip(GOLDEN_CHUNK, 19), IntegrityError),
@@ -142,7 +146,12 @@ def test_read_envelope_epoch() -> None:
 
 def test_caller_bugs_are_value_errors() -> None:
     with pytest.raises(ValueError, match="flags"):
-        seal_object(KEY, ObjectKind.CHUNK, BINDING, b"", flags=0x02)
+        seal_object(KEY, ObjectKind.CHUNK, BINDING, b"", flags=0x04)
+    with pytest.raises(ValueError, match="flags"):
+        seal_object(KEY, ObjectKind.CHUNK, BINDING, b"", flags=FLAG_DELTA | FLAG_ZSTD)
+    segment = generation_binding(VOLUME_ID, 7)
+    with pytest.raises(ValueError, match="flags"):
+        seal_object(KEY, ObjectKind.SEGMENT, segment, b"", flags=FLAG_DELTA)
     with pytest.raises(ValueError, match="epoch"):
         seal_object(KEY, ObjectKind.CHUNK, BINDING, b"", epoch=1 << 16)
     with pytest.raises(ValueError, match="binding"):

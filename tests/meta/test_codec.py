@@ -31,7 +31,7 @@ from sealfs.meta.codec import (
     snapshot_name,
 )
 from sealfs.meta.extents import Extent
-from sealfs.meta.model import ROOT_INO, MetaState, WriterInfo
+from sealfs.meta.model import ROOT_INO, ChunkInfo, MetaState, WriterInfo
 from sealfs.meta.replay import replay_segment
 
 VOLUME_ID = bytes(range(16))
@@ -83,8 +83,8 @@ def sample_records() -> list[ops.Op]:
         ops.link(ROOT_INO, b"dir", 2),
         inode_record(3, stat.S_IFREG | 0o644, size=0),
         ops.link(2, b"file", 3),
-        ops.chunk(chunk_a, 100, 80),
-        ops.chunk(chunk_b, 50, 60),
+        ops.chunk(chunk_a, ChunkInfo(100, 80)),
+        ops.chunk(chunk_b, ChunkInfo(50, 60)),
         ops.data(3, 0, 150, [Extent(0, 100, chunk_a, 0), Extent(100, 50, chunk_b, 0)], 150),
         ops.set_xattr(3, b"user.k", b"v"),
         link,
@@ -153,6 +153,41 @@ def test_times_at_the_ends_of_their_range_round_trip() -> None:
     back = decode_snapshot(RING, VOLUME_ID, 1, encode_snapshot(KEYS, VOLUME_ID, state))
     inode = back.inodes[3]
     assert (inode.atime_ns, inode.mtime_ns, inode.ctime_ns) == tuple(times.values())
+
+
+def test_chunk_rows_keep_their_features_and_base_through_log_and_snapshot() -> None:
+    whole, delta, plain = b"W" * 32, b"D" * 32, b"P" * 32
+    records = [
+        ops.chunk(whole, ChunkInfo(1 << 20, 300_000, b"f" * 16)),
+        ops.chunk(delta, ChunkInfo(1 << 20, 900, b"g" * 8 + b"h" * 8, whole)),
+        ops.chunk(plain, ChunkInfo(10, 46)),
+    ]
+    assert [len(r) for r in records] == [6, 6, 4]  # the short form without either
+    ((logged, sealed),) = build_segments([records])
+    assert decode_segment(RING, VOLUME_ID, 1, sealed).segment == logged.segment
+    state = MetaState()
+    replay_segment(state, logged)
+    back = decode_snapshot(RING, VOLUME_ID, 1, encode_snapshot(KEYS, VOLUME_ID, state))
+    assert back.chunks == state.chunks
+    assert back.chunks[delta] == ChunkInfo(1 << 20, 900, b"g" * 8 + b"h" * 8, whole)
+    # a difference is never taken from a difference: both of delta's features name whole
+    assert back.similar_roots(b"h" * 8 + b"f" * 8) == [whole]
+    assert back.similar_roots(b"f" * 8 + b"x" * 8) == [whole]
+    assert back.similar_roots(b"x" * 16) == []
+
+
+@pytest.mark.parametrize(
+    "row", [[1, 2, b"f" * 15, b""], [1, 2, b"", b"b" * 31], [1, 2, b"f" * 16, 3], [1, 2, b""]]
+)
+def test_chunk_records_with_features_or_base_of_another_size_are_refused(row: list[object]) -> None:
+    with pytest.raises(FormatError):
+        ops.apply(MetaState(), [ops.CHUNK, b"C" * 32, *row])
+    payload = {
+        "gen": 2, "head": bytes(32), "time": 1, "next_ino": 9, "writer": None,
+        "inodes": [], "chunks": [[b"C" * 32, *row]],
+    }  # fmt: skip
+    with pytest.raises(FormatError):
+        decode_snapshot(RING, VOLUME_ID, 2, sealed_payload(ObjectKind.SNAPSHOT, 2, payload))
 
 
 def test_snapshot_of_an_empty_state_round_trips() -> None:

@@ -152,9 +152,9 @@ def test_data_record_sets_size_on_replay_but_not_live() -> None:
 def test_the_stored_total_follows_every_chunk_row() -> None:
     """statfs reads the running total, so a re-sealed chunk must replace its row's size."""
     state = MetaState()
-    ops.apply(state, ops.chunk(b"A" * 32, 100, 80))
-    ops.apply(state, ops.chunk(b"B" * 32, 50, 60))
-    ops.apply(state, ops.chunk(b"A" * 32, 100, 90))  # a rekey re-sealed it
+    ops.apply(state, ops.chunk(b"A" * 32, ChunkInfo(100, 80)))
+    ops.apply(state, ops.chunk(b"B" * 32, ChunkInfo(50, 60)))
+    ops.apply(state, ops.chunk(b"A" * 32, ChunkInfo(100, 90)))  # a rekey re-sealed it
     assert state.chunks_stored_bytes == 150
     state.set_chunks({b"C" * 32: ChunkInfo(10, 7)})
     assert state.chunks_stored_bytes == 7
