@@ -10,8 +10,10 @@ records them at the next commit's cut, together with the bytes.
 from __future__ import annotations
 
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 
+from sealfs.chunking.similarity import split_features
 from sealfs.meta.extents import ExtentMap
 
 ROOT_INO = 1
@@ -66,7 +68,7 @@ class ChunkInfo:
     """Sizes of one chunk, advisory, for statistics (extents are authoritative), and
     what a writer needs to store a similar chunk as a difference from it.
 
-    features: the chunk's similarity features (sealfs.crypto.ids), or b"".
+    features: the chunk's similarity features (sealfs.chunking.similarity), or b"".
     base: the id of the chunk this one is stored as a difference from, or b"".
     """
 
@@ -111,20 +113,17 @@ class MetaState:
             self._index(chunk_id, info)
 
     def _index(self, chunk_id: bytes, info: ChunkInfo) -> None:
-        features = info.features
-        if features:
-            root = info.base or chunk_id
-            half = len(features) // 2
-            self.similar[features[:half]] = root
-            self.similar[features[half:]] = root
+        root = info.base or chunk_id
+        for feature in split_features(info.features):
+            self.similar[feature] = root
 
     def similar_roots(self, features: bytes) -> list[bytes]:
         """The chunks a chunk with these features may be stored as a difference from, the
-        likeliest first: at most two, one if both features name it. Safe to call from a
+        one most of them name first, then the next: at most two. Safe to call from a
         worker thread (dictionary lookups only)."""
-        half = len(features) // 2
-        roots = [self.similar.get(f) for f in (features[:half], features[half:]) if f]
-        return list(dict.fromkeys(r for r in roots if r is not None))
+        votes = Counter(self.similar.get(f) for f in split_features(features))
+        votes.pop(None, None)
+        return [root for root, _ in votes.most_common(2) if root is not None]
 
     def note_ino(self, ino: int) -> None:
         """Keep next_ino above every inode number seen, so none is ever reused."""

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
-from sealfs.crypto.ids import CHUNK_ID_SIZE, FEATURES_SIZE
+from sealfs.chunking.similarity import FEATURE_SIZE, MAX_FEATURES
+from sealfs.crypto.ids import CHUNK_ID_SIZE
 from sealfs.errors import FormatError
 from sealfs.meta.extents import Extent, ExtentMap, extent_from_wire
 from sealfs.meta.model import ChunkInfo, Inode, MetaState, WriterInfo
@@ -138,7 +139,12 @@ def chunk_info(fields: list[Any]) -> ChunkInfo:
     FormatError if features or base has a size no writer gives it.
     """
     info = ChunkInfo(*fields)
-    if len(info.features) not in (0, FEATURES_SIZE) or len(info.base) not in (0, CHUNK_ID_SIZE):
+    features = len(info.features)
+    if (
+        features % FEATURE_SIZE
+        or features > MAX_FEATURES * FEATURE_SIZE
+        or len(info.base) not in (0, CHUNK_ID_SIZE)
+    ):
         raise FormatError("malformed chunk record in metadata (features or base)")
     return info
 

@@ -26,6 +26,7 @@ import trio
 
 from sealfs.chunking.compress import compress_delta, decompress, decompress_delta, maybe_compress
 from sealfs.chunking.fastcdc import MAX_CHUNK
+from sealfs.chunking.similarity import similarity_features
 from sealfs.crypto.envelope import (
     ENVELOPE_OVERHEAD,
     FLAG_DELTA,
@@ -35,7 +36,7 @@ from sealfs.crypto.envelope import (
     open_object,
     seal_object,
 )
-from sealfs.crypto.ids import CHUNK_ID_SIZE, similarity_features
+from sealfs.crypto.ids import CHUNK_ID_SIZE
 from sealfs.crypto.ids import chunk_id as keyed_chunk_id
 from sealfs.crypto.keyring import KeyRing
 from sealfs.errors import (
@@ -66,10 +67,12 @@ GAVE_UP_FRESH = 1.0
 # so a larger object under a chunk's name is refused before it is read into memory.
 MAX_SEALED_CHUNK = MAX_CHUNK + ENVELOPE_OVERHEAD
 SMALL_BATCH = 256  # small pieces sealed per worker-thread call (store_many)
-# A difference from a base is stored only if it is at most this share of the chunk's
-# plaintext (about a fifth of what zstd makes of JSON alone): one larger saves less than
-# the second read it costs every reader, and as a file drifts from the base its
-# versions share, a whole chunk stored now becomes the next versions' base.
+# A difference from a base is kept outright if it is at most this share of the chunk's
+# plaintext (about a fifth of what zstd makes of JSON alone). A larger one is kept only
+# if it is at most half of the chunk compressed alone, which a difference that large
+# pays for (the chunk is compressed alone then anyway, in case it is stored whole): a
+# chunk whose cuts moved takes in bytes its base lacks, and a 1.3 MiB chunk whose
+# difference was 7.7 % of it cost 440 KB stored whole instead of 102 KB.
 MAX_DELTA_SHARE = 1 / 16
 
 
@@ -222,11 +225,7 @@ class Chunks:
             if cid in known and cid not in self._unusable:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             features = similarity_features(keys.chunk_id_key, plaintext)
-            payload: bytes | memoryview
-            base, payload, flags = self._as_delta(cid, plaintext, features)
-            if not base:
-                packed = maybe_compress(plaintext)
-                payload, flags = (plaintext, 0) if packed is None else (packed, FLAG_ZSTD)
+            base, payload, flags = self._payload(cid, plaintext, features)
             binding = chunk_binding(self._volume_id, cid)
             sealed = seal_object(
                 keys.chunk_key, ObjectKind.CHUNK, binding, payload, flags=flags, epoch=epoch
@@ -238,19 +237,20 @@ class Chunks:
         # table lacks it (it was not in known).
         return StoredChunk(cid, len(plaintext), len(sealed), True, features, base)
 
-    def _as_delta(
+    def _payload(
         self, cid: bytes, plaintext: bytes | memoryview, features: bytes
-    ) -> tuple[bytes, bytes, int]:
-        """Worker thread: (base id, payload, FLAG_DELTA) for a chunk worth storing as a
-        difference, else (b"", b"", 0).
+    ) -> tuple[bytes, bytes | memoryview, int]:
+        """Worker thread: (base id or b"", payload, flags) for a new chunk: a difference
+        from a similar chunk where one pays (MAX_DELTA_SHARE), else the chunk whole.
 
-        Each end may name another chunk (the latest stored with it): a file that
-        begins like one and ends like another. The second is tried only if the
-        first gives no small difference. A base that cannot be read is passed
-        over, and one found damaged is not offered again (_unusable).
+        Each feature names the chunk stored last with it, and they may disagree:
+        a file that begins like one and ends like another. The second is tried
+        only if the first gives no difference worth keeping. A base that cannot
+        be read is passed over, and one found damaged is not offered again
+        (_unusable).
         """
-        roots = self._similar_roots(features) if features else []
-        for root in roots:
+        alone: tuple[bytes | memoryview, int] | None = None
+        for root in self._similar_roots(features) if features else []:
             if root == cid or root in self._unusable:
                 continue
             base = self.cache.peek(root)
@@ -261,9 +261,13 @@ class Chunks:
                     log.info("chunk %s not used as a base: %s", chunk_name(root), exc)
                     continue
             frame = compress_delta(plaintext, base)
-            if len(frame) + CHUNK_ID_SIZE <= len(plaintext) * MAX_DELTA_SHARE:
-                return root, root + frame, FLAG_DELTA
-        return b"", b"", 0
+            size = CHUNK_ID_SIZE + len(frame)
+            if size > len(plaintext) * MAX_DELTA_SHARE:
+                alone = alone or _whole(plaintext)
+                if size > len(alone[0]) / 2:
+                    continue
+            return root, root + frame, FLAG_DELTA
+        return b"", *(alone or _whole(plaintext))
 
     def _put_new(
         self, cid: bytes, name: str, sealed: bytes, base: bytes, *, replace: bool
@@ -529,6 +533,12 @@ class Chunks:
             log.debug("prefetch of %s failed: %s", chunk_name(chunk_id), exc)
         finally:
             self._prefetch_queued.discard(chunk_id)
+
+
+def _whole(plaintext: bytes | memoryview) -> tuple[bytes | memoryview, int]:
+    """(payload, flags) of a chunk stored whole: compressed where that saves."""
+    packed = maybe_compress(plaintext)
+    return (plaintext, 0) if packed is None else (packed, FLAG_ZSTD)
 
 
 class AnyOf:
