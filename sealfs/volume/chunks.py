@@ -6,7 +6,7 @@ through a decrypted-chunk LRU, and concurrent reads of one chunk share a
 single fetch.
 
 A new chunk that shares an end with a chunk already stored (its similarity
-features, sealfs.crypto.ids) is stored as a difference from that chunk where
+features, sealfs.chunking.similarity) is stored as a difference from that chunk where
 the difference is small: a checkpoint rewritten with scattered edits changes
 every chunk a little, and whole chunks cost what the file costs compressed at
 every version. A difference is taken from a whole chunk only, so a read needs
