@@ -475,14 +475,20 @@ MAX_CHUNK = 4 << 20
 MAX_METADATA = 1 << 31
 
 
+DELTA = 0x02  # flag: the payload is a difference from a base chunk (section 8)
+
+
 def open_envelope(sealed: bytes, header: Header, kind: int, binding: bytes) -> bytes:
-    """Verify and open one sealed object; returns its payload, decompressed."""
+    """Verify and open one sealed object; returns its payload, decompressed (a
+    difference's payload as it is: see difference())."""
     if len(sealed) < 8 or sealed[:3] != b"SFS":
         raise FormatError("not a sealed object")
     if sealed[3] != 1:
         raise UnsupportedVersionError("envelope version")
-    if sealed[4] not in (CHUNK, SEGMENT, SNAPSHOT) or sealed[5] & ~0x01:
+    if sealed[4] not in (CHUNK, SEGMENT, SNAPSHOT) or sealed[5] & ~0x03:
         raise FormatError("unknown kind or reserved flag")
+    if sealed[5] & DELTA and (sealed[5] != DELTA or sealed[4] != CHUNK):
+        raise FormatError("difference flag with zstd's, or on metadata")
     if len(sealed) < 36:
         raise FormatError("sealed object shorter than its overhead")
     if sealed[4] != kind:
@@ -502,15 +508,23 @@ def open_envelope(sealed: bytes, header: Header, kind: int, binding: bytes) -> b
     return payload
 
 
-def _decompress(frame: bytes, limit: int) -> bytes:
-    """One zstd frame, never more than limit bytes out (the claimed size checked first)."""
+def _decompress(frame: bytes, limit: int, base: bytes | None = None) -> bytes:
+    """One zstd frame, never more than limit bytes out (the claimed size checked first);
+    base: the raw-content dictionary of a difference, whose window is at most 2^23."""
     try:
         params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as exc:
         raise FormatError(f"not a zstd frame: {exc}") from exc
     if params.content_size != zstandard.CONTENTSIZE_UNKNOWN and params.content_size > limit:
         raise FormatError("zstd frame claims more than the limit")
-    reader = zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=False)
+    if base is None:
+        decompressor = zstandard.ZstdDecompressor()
+    else:
+        if params.window_size > 1 << 23:
+            raise FormatError("a difference's window over 2^23 bytes")
+        raw = zstandard.ZstdCompressionDict(base, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        decompressor = zstandard.ZstdDecompressor(dict_data=raw, max_window_size=1 << 23)
+    reader = decompressor.stream_reader(frame, read_across_frames=False)
     try:
         out = reader.read(limit + 1)
         while len(out) <= limit:
@@ -724,11 +738,8 @@ class State:
             ino, name = _list(args, "DEL_XATTR", 2)
             self.inode(ino).xattrs.pop(_bin(name, "xattr name"), None)
         elif code == 8:  # CHUNK
-            cid, plain, stored = _list(args, "CHUNK", 3)
-            self.chunks[_bin(cid, "chunk id", 32)] = (
-                _int(plain, 0, U64, "plain size"),
-                _int(stored, 0, U64, "stored size"),
-            )
+            cid, row = _chunk_row(args, "CHUNK")
+            self.chunks[cid] = row
         elif code == 9:  # WRITER
             host, pid, mount_id, since, released = _list(args, "WRITER", 5)
             if not isinstance(host, str) or not isinstance(released, bool):
@@ -794,13 +805,24 @@ def load_snapshot(payload: bytes, gen: int) -> State:
     for node in state.inodes.values():
         for ino in (node.entries or {}).values():
             state.inode(ino)
-    for row in snap["chunks"]:
-        cid, plain, stored = _list(row, "snapshot chunk row", 3)
-        state.chunks[_bin(cid, "chunk id", 32)] = (
-            _int(plain, 0, U64, "plain"),
-            _int(stored, 0, U64, "stored"),
-        )
+    for raw in snap["chunks"]:
+        cid, row = _chunk_row(raw, "snapshot chunk row")
+        state.chunks[cid] = row
     return state
+
+
+def _chunk_row(raw: Any, what: str) -> tuple[bytes, tuple[int, int, bytes, bytes]]:
+    """A chunk table row (sections 9, 10): id, plain size, stored size, and optionally
+    features (0 to 32 bytes, a multiple of 8) and base (0 or 32 bytes), both or neither."""
+    row = _list(raw, what)
+    if len(row) not in (3, 5):
+        raise FormatError(f"{what}: {len(row)} fields")
+    features = _bin(row[3], "features") if len(row) == 5 else b""
+    base = _bin(row[4], "base") if len(row) == 5 else b""
+    if len(features) % 8 or len(features) > 32 or len(base) not in (0, 32):
+        raise FormatError(f"{what}: features or base of a wrong size")
+    plain, stored = _int(row[1], 0, U64, "plain size"), _int(row[2], 0, U64, "stored size")
+    return _bin(row[0], "chunk id", 32), (plain, stored, features, base)
 
 
 def _generations(directory: Path) -> list[int]:
@@ -864,7 +886,7 @@ class Reader:
         self.store = store
         self.header = header
         self.opened: dict[str, int] = {}
-        self._chunks: dict[bytes, bytes] = {}
+        self._chunks: dict[bytes, tuple[bytes, bool]] = {}  # plaintext, was a difference
 
     def _open(self, name: str, limit: int, kind: int, binding: bytes) -> tuple[bytes, bytes]:
         """(sealed bytes, payload) of the object called name."""
@@ -877,12 +899,22 @@ class Reader:
         binding = struct.pack(">Q", gen)
         return self._open(f"{prefix}/{gen_name(gen)}", MAX_METADATA + 36, kind, binding)
 
-    def chunk(self, chunk_id: bytes) -> bytes:
+    def chunk(self, chunk_id: bytes, *, base: bool = False) -> bytes:
+        """A chunk's plaintext; a difference is read with its base (section 8), which
+        must itself be whole (base: this chunk is one)."""
+        name = chunk_id.hex()
         if chunk_id not in self._chunks:
-            name = chunk_id.hex()
-            _, plain = self._open(f"c/{name[:2]}/{name}", MAX_CHUNK + 36, CHUNK, chunk_id)
-            self._chunks[chunk_id] = plain
-        return self._chunks[chunk_id]
+            sealed, payload = self._open(f"c/{name[:2]}/{name}", MAX_CHUNK + 36, CHUNK, chunk_id)
+            if sealed[5] & DELTA:
+                if len(payload) < 32:
+                    raise FormatError(f"difference {name} too short for its base id")
+                whole = self.chunk(payload[:32], base=True)
+                payload = _decompress(payload[32:], MAX_CHUNK, whole)
+            self._chunks[chunk_id] = (payload, bool(sealed[5] & DELTA))
+        plain, difference = self._chunks[chunk_id]
+        if base and difference:
+            raise FormatError(f"chunk {name}, a base, is itself a difference")
+        return plain
 
     def state(self) -> tuple[State, int | None, list[int]]:
         """Newest snapshot (if any), then every later segment, chained and applied."""

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tests.checkpoints import edited, records
 from tests.mounts import CHEAP_KDF, VolumeEnv, sealfs
 from tests.prereq import require
 from tests.spec import reader
@@ -32,6 +33,7 @@ from tests.spec.reader import FormatError, IntegrityError, Node, WrongKeyError, 
 
 STATUS_XATTR = b"user.sealfs.status"  # the mount's own attribute, not stored in the volume
 BIG = 6 << 20  # several chunks at the ~1 MiB average
+CHECKPOINT = records(1, 30_000)  # about 3 MB of JSON lines, rewritten with 1 % changed
 
 
 def _fuse_usable() -> bool:
@@ -114,6 +116,13 @@ def _second_session(mnt: Path) -> None:
     (d / "new").write_bytes(os.urandom(2 << 20))
     shutil.copyfile(d / "new", d / "new-copy")  # the same chunks: deduplicated
     (d / "dir-a").rename(d / "sub" / "dir-b")
+    # A new version written aside and renamed over the old: chunks stored as differences
+    # (of this epoch's chunks: features are keyed, like ids, per epoch).
+    with open(d / "checkpoint", "wb") as f:
+        f.write(b"".join(CHECKPOINT))
+        os.fsync(f.fileno())
+    (d / "checkpoint.tmp").write_bytes(b"".join(edited(CHECKPOINT, 2)))
+    (d / "checkpoint.tmp").rename(d / "checkpoint")
     os.removexattr(d / "big", "user.one")
     os.setxattr(d / "big", "user.two", b"2" * 1000)
     os.link(d / "small", d / "small-2")
@@ -212,6 +221,8 @@ def test_the_reader_sees_what_the_mount_shows(volume: VolumeEnv) -> None:
     assert ours.snapshot is not None and ours.segments, "no snapshot, or no segment after it"
     assert set(ours.opened.values()) == {1, 2}, "objects of both epochs were read"
     assert any(epochs[name] == 1 for name in ours.opened if name.startswith("c/"))
+    flags = [(env.store / n).read_bytes()[5] for n in ours.opened if n.startswith("c/")]
+    assert reader.DELTA in flags, "no chunk stored as a difference was read"
     recovery_key = env.recovery_file.with_suffix(".2").read_text()
     by_recovery = read_volume(env.store, recovery_key=recovery_key)
     assert by_recovery.tree == ours.tree
@@ -299,6 +310,24 @@ def _a_chunk(env: Copy, epoch: int, compressed: bool | None = None) -> Path:
     raise AssertionError(f"no chunk of epoch {epoch} is read")
 
 
+def _a_difference(env: Copy) -> Path:
+    """A chunk that some file reads, stored as a difference (section 8)."""
+    for name in sorted(env.opened):
+        if name.startswith("c/") and (env.store / name).read_bytes()[5] == reader.DELTA:
+            return env.store / name
+    raise AssertionError("no chunk stored as a difference is read")
+
+
+def _a_base(env: Copy) -> Path:
+    """The base a difference names, found by opening the difference as section 8 says."""
+    path = _a_difference(env)
+    payload = reader.open_envelope(
+        path.read_bytes(), _keys(env), reader.CHUNK, bytes.fromhex(path.name)
+    )
+    name = payload[:32].hex()
+    return env.store / "c" / name[:2] / name
+
+
 def _swap_chunks(env: Copy) -> None:
     a, b = _a_chunk(env, 1), _a_chunk(env, 2)
     data_a, data_b = a.read_bytes(), b.read_bytes()
@@ -337,6 +366,9 @@ TAMPERING: dict[str, tuple[Callable[[Copy], object], type[reader.SpecError]]] = 
         IntegrityError,
     ),
     "two chunks swapped": (_swap_chunks, IntegrityError),
+    "base of a difference bit flipped": (lambda e: _flip(_a_base(e), 30), IntegrityError),
+    "difference flag cleared": (lambda e: _flip(_a_difference(e), 5, reader.DELTA), IntegrityError),
+    "difference flag set with zstd's": (lambda e: _flip(_a_difference(e), 5, 1), FormatError),
     "chunk cut short": (
         lambda e: _a_chunk(e, 1).write_bytes(b"SFS\x01\x01\x00\x00\x01"),
         FormatError,

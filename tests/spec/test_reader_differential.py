@@ -278,7 +278,8 @@ async def compare(oracle: Oracle, v: Volume) -> None:
         assert inode_view(state.inodes[ino]) == inode_view(inode), ino
     assert state.next_ino == meta.next_ino
     assert state.chunks == {
-        cid: (info.plain_size, info.stored_size) for cid, info in meta.chunks.items()
+        cid: (info.plain_size, info.stored_size, info.features, info.base)
+        for cid, info in meta.chunks.items()
     }
     writer = meta.writer
     assert writer is not None and state.writer == [
