@@ -4,7 +4,7 @@ difference from (sealfs.volume.chunks).
 An edit inside a chunk leaves its ends alone, and content-defined cuts fall
 where they fell before, so a chunk that replaces another shares its first and
 last bytes. Each end is cut again, finer and by content, into pieces of 2-8
-KiB, and the two pieces nearest each edge are hashed: an edit changes the
+KiB, and the three pieces nearest each edge are hashed: an edit changes the
 piece it lands in, and the pieces after it (before it, at the tail) cut as
 before. Features are keyed with the chunk-id key and kept only in sealed
 metadata; a reader never needs them, and another writer's features (or none)
@@ -20,7 +20,7 @@ from pyfastcdc import FastCDC
 # small chunk saves little, and looking up a base costs a store read.
 MIN_SIMILAR_SIZE = 64 * 1024
 SPAN = 16 * 1024  # bytes at each end of a chunk that are cut into pieces
-PIECES_PER_END = 2
+PIECES_PER_END = 3
 FEATURE_SIZE = 8  # bytes kept of each piece's MAC
 MAX_FEATURES = 2 * PIECES_PER_END
 # FastCDC for the pieces: pyfastcdc cuts at min_size plus about avg_size (2-8 KiB here).
