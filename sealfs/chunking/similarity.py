@@ -3,8 +3,8 @@ difference from (sealfs.volume.chunks).
 
 An edit inside a chunk leaves its ends alone, and content-defined cuts fall
 where they fell before, so a chunk that replaces another shares its first and
-last bytes. Each end is cut again, finer and by content, into pieces of 2-8
-KiB, and the three pieces nearest each edge are hashed: an edit changes the
+last bytes. Each end is cut again, finer and by content, into pieces of 1-4
+KiB, and the four pieces nearest each edge are hashed: an edit changes the
 piece it lands in, and the pieces after it (before it, at the tail) cut as
 before. Features are keyed with the chunk-id key and kept only in sealed
 metadata; a reader never needs them, and another writer's features (or none)
@@ -20,14 +20,15 @@ from pyfastcdc import FastCDC
 # small chunk saves little, and looking up a base costs a store read.
 MIN_SIMILAR_SIZE = 64 * 1024
 SPAN = 16 * 1024  # bytes at each end of a chunk that are cut into pieces
-PIECES_PER_END = 3
+PIECES_PER_END = 4
 FEATURE_SIZE = 8  # bytes kept of each piece's MAC
 MAX_FEATURES = 2 * PIECES_PER_END
-# FastCDC for the pieces: pyfastcdc cuts at min_size plus about avg_size (2-8 KiB here).
-# Pieces of 2 KiB and more do not recur by chance in text: with 512-byte pieces, 48 of
-# the 210 chunks of the benchmark's JSON checkpoint shared an end with an earlier chunk
-# of the same file, and each such match cost a base read and a compression for nothing.
-_AVG, _MIN, _MAX = 2048, 2048, 8192
+# FastCDC for the pieces: pyfastcdc cuts at min_size plus about avg_size (1-4 KiB here).
+# Small pieces leave more of an end whole when edits are dense (1 % of 100-byte lines
+# changed puts an edit in a third of 4 KiB pieces, in a sixth of 2 KiB ones), and two
+# of them must name the same chunk before it is tried as a base (MIN_VOTES), which
+# passages that recur by chance in text rarely do.
+_AVG, _MIN, _MAX = 1024, 1024, 4096
 _DOMAIN = b"sealfs feature v1\x00"
 
 

@@ -126,10 +126,11 @@ class MetaState:
         most two, each named by two features or more, the one most name first. Safe to
         call from a worker thread (dictionary lookups only).
 
-        One feature alone is a piece of a few KiB, and text repeats in passages that
-        long: in the benchmark's fresh 1 GiB JSON checkpoint, 40 chunks shared a piece
-        with an earlier chunk of the same file, none of them anything more, and each
-        such try cost a base read and a compression (0.65 s of CPU per GiB written).
+        One feature alone is one piece of a few KiB, and text repeats in passages that
+        long: with pieces of 2-8 KiB, 40 chunks of the benchmark's fresh 1 GiB JSON
+        checkpoint shared a piece with an earlier chunk of the same file, none of them
+        anything more, and each such try cost a base read and a compression (0.65 s
+        of CPU per GiB written).
         """
         named = (self.similar.get(f) for f in split_features(features))
         votes = Counter(root for root in named if root is not None)

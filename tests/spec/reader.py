@@ -813,13 +813,13 @@ def load_snapshot(payload: bytes, gen: int) -> State:
 
 def _chunk_row(raw: Any, what: str) -> tuple[bytes, tuple[int, int, bytes, bytes]]:
     """A chunk table row (sections 9, 10): id, plain size, stored size, and optionally
-    features (0 to 48 bytes, a multiple of 8) and base (0 or 32 bytes), both or neither."""
+    features (0 to 64 bytes, a multiple of 8) and base (0 or 32 bytes), both or neither."""
     row = _list(raw, what)
     if len(row) not in (3, 5):
         raise FormatError(f"{what}: {len(row)} fields")
     features = _bin(row[3], "features") if len(row) == 5 else b""
     base = _bin(row[4], "base") if len(row) == 5 else b""
-    if len(features) % 8 or len(features) > 48 or len(base) not in (0, 32):
+    if len(features) % 8 or len(features) > 64 or len(base) not in (0, 32):
         raise FormatError(f"{what}: features or base of a wrong size")
     plain, stored = _int(row[1], 0, U64, "plain size"), _int(row[2], 0, U64, "stored size")
     return _bin(row[0], "chunk id", 32), (plain, stored, features, base)
