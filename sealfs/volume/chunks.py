@@ -5,8 +5,8 @@ by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
 through a decrypted-chunk LRU, and concurrent reads of one chunk share a
 single fetch.
 
-A new chunk that shares an end with a chunk already stored (its similarity
-features, sealfs.chunking.similarity) is stored as a difference from that chunk where
+A new chunk that shares pieces of its ends with a chunk already stored (two of its
+similarity features, sealfs.chunking.similarity) is stored as a difference from it where
 the difference is small: a checkpoint rewritten with scattered edits changes
 every chunk a little, and whole chunks cost what the file costs compressed at
 every version. A difference is taken from a whole chunk only, so a read needs

@@ -12,7 +12,7 @@ from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from tests.checkpoints import edited, records
 from tests.conftest import mounted
-from tests.volume.test_chunks import read_file, write_file
+from tests.volume.test_chunks import damage_object, read_file, write_file
 from tests.volume.test_rekey import check_rekeyed, start_rekey
 
 MiB = 1 << 20
@@ -31,6 +31,19 @@ def file_chunks(volume: Volume, name: bytes) -> list[bytes]:
     extents = volume.meta.inodes[ino].extents
     assert extents is not None
     return list(dict.fromkeys(extents.chunk_ids()))
+
+
+async def base_and_difference(volume: Volume, old: bytes, new: bytes) -> tuple[bytes, bytes]:
+    """Write old then new (one chunk each) as files "old" and "new": new's chunk must be
+    stored as a difference from old's. Returns their ids."""
+    await write_file(volume, b"old", old)
+    await volume.fsync()
+    await write_file(volume, b"new", new)
+    await volume.fsync()
+    (base,) = file_chunks(volume, b"old")
+    (delta,) = file_chunks(volume, b"new")
+    assert volume.meta.chunks[delta].base == base
+    return base, delta
 
 
 async def test_a_rewrite_with_scattered_edits_is_stored_as_differences(
@@ -114,20 +127,9 @@ async def test_a_difference_whose_base_is_damaged_fails_and_writing_it_again_rep
     old = b"".join(records(5, 1200))
     new = old[:1000] + b"changed" + old[1000:]
     async with mounted(volume_store) as volume:
-        await write_file(volume, b"old", old)
-        await volume.fsync()
-        await write_file(volume, b"new", new)
-        await volume.fsync()
-        (base,) = file_chunks(volume, b"old")
-        (delta,) = file_chunks(volume, b"new")
-        assert volume.meta.chunks[delta].base == base
+        base, delta = await base_and_difference(volume, old, new)
     name = chunk_name(base)
-    if damage == "missing":
-        volume_store.delete(name)
-    else:
-        sealed = bytearray(volume_store.get(name))
-        sealed[-1] ^= 1
-        volume_store.put(name, bytes(sealed))
+    damage_object(volume_store, name, damage)
     error = ObjectNotFoundError if damage == "missing" else IntegrityError
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         with pytest.raises(error, match=f"{chunk_name(delta)}, stored as a difference: .*{name}"):
@@ -147,13 +149,7 @@ async def test_a_base_no_file_uses_is_in_use_through_its_differences(
     long as a file uses a chunk stored as a difference from it."""
     old = b"".join(records(6, 1200))
     async with mounted(volume_store) as volume:
-        await write_file(volume, b"old", old)
-        await volume.fsync()
-        await write_file(volume, b"new", old + b"appended")
-        await volume.fsync()
-        (base,) = file_chunks(volume, b"old")
-        (delta,) = file_chunks(volume, b"new")
-        assert volume.meta.chunks[delta].base == base
+        base, _ = await base_and_difference(volume, old, old + b"appended")
         await volume.unlink(ROOT_INO, b"old")
         assert volume._chunk_in_use(base)
         await volume.unlink(ROOT_INO, b"new")
@@ -167,12 +163,7 @@ async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
     old = b"".join(records(7, 1200))
     new = old[:9000] + old[9100:]
     async with mounted(volume_store) as volume:
-        await write_file(volume, b"old", old)
-        await volume.fsync()
-        await write_file(volume, b"new", new)
-        await volume.fsync()
-        (delta,) = file_chunks(volume, b"new")
-        assert volume.meta.chunks[delta].base
+        _, delta = await base_and_difference(volume, old, new)
     start_rekey(volume_store)
     async with mounted(volume_store) as volume:
         assert volume.rekey is not None

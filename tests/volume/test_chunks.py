@@ -73,12 +73,7 @@ async def test_writing_a_damaged_file_s_bytes_again_repairs_it(
     async with mounted(volume_store) as volume:
         await write_file(volume, b"damaged", data)
     for name in volume_store.list("c/"):
-        if damage == "missing":
-            volume_store.delete(name)
-        else:
-            sealed = bytearray(volume_store.get(name))
-            sealed[-1] ^= 1
-            volume_store.put(name, bytes(sealed))
+        damage_object(volume_store, name, damage)
     async with mounted(volume_store) as volume:
         with pytest.raises(ObjectNotFoundError if damage == "missing" else IntegrityError):
             await read_file(volume, b"damaged")
@@ -93,6 +88,16 @@ async def write_file(volume: Volume, name: bytes, data: bytes) -> None:
     fh, _ = await volume.create(ROOT_INO, name, 0o644, os.O_WRONLY, 0, 0)
     await volume.write(fh, 0, data)
     await volume.release(fh)
+
+
+def damage_object(store: MemoryStore, name: str, damage: str) -> None:
+    """damage "missing": delete the object; "tampered": flip a bit of its tag."""
+    if damage == "missing":
+        store.delete(name)
+    else:
+        sealed = bytearray(store.get(name))
+        sealed[-1] ^= 1
+        store.put(name, bytes(sealed))
 
 
 async def read_file(volume: Volume, name: bytes) -> bytes:
