@@ -10,11 +10,10 @@ records them at the next commit's cut, together with the bytes.
 from __future__ import annotations
 
 import stat
-from collections import Counter
 from dataclasses import dataclass, field
 
-from sealfs.chunking.similarity import split_features
 from sealfs.meta.extents import ExtentMap
+from sealfs.meta.similar import FeatureIndex
 
 ROOT_INO = 1
 
@@ -63,10 +62,6 @@ class WriterInfo:
     released: bool
 
 
-# Features that must name a chunk before a new chunk is compressed against it.
-MIN_VOTES = 2
-
-
 @dataclass(frozen=True, slots=True)
 class ChunkInfo:
     """Sizes of one chunk, advisory, for statistics (extents are authoritative), and
@@ -91,10 +86,8 @@ class MetaState:
     # The sum of the chunks' stored sizes, kept by put_chunk and set_chunks so that
     # statfs need not add up a million rows on the FUSE loop each time df asks.
     chunks_stored_bytes: int = 0
-    # Each feature of the chunk table's rows to the chunk a new chunk sharing it would
-    # be stored as a difference from: the row's base, or the row's chunk where it has
-    # none (a difference is never taken from a difference). Later rows win.
-    similar: dict[bytes, bytes] = field(default_factory=dict)
+    # The features of the chunk table's newest rows (sealfs.meta.similar).
+    similar: FeatureIndex = field(default_factory=FeatureIndex)
     generation: int = 0
     head_hash: bytes = bytes(32)
     committed_ns: int = 0
@@ -112,29 +105,18 @@ class MetaState:
         """Replace the whole chunk table, as a snapshot holds it."""
         self.chunks = table
         self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
-        self.similar = {}
+        self.similar.clear()
         for chunk_id, info in table.items():
             self._index(chunk_id, info)
 
     def _index(self, chunk_id: bytes, info: ChunkInfo) -> None:
-        root = info.base or chunk_id
-        for feature in split_features(info.features):
-            self.similar[feature] = root
+        if info.features:
+            self.similar.add(info.features, info.base or chunk_id)
 
     def similar_roots(self, features: bytes) -> list[bytes]:
-        """The chunks a chunk with these features may be stored as a difference from: at
-        most two, each named by two features or more, the one most name first. Safe to
-        call from a worker thread (dictionary lookups only).
-
-        One feature alone is one piece of a few KiB, and text repeats in passages that
-        long: with pieces of 2-8 KiB, 40 chunks of the benchmark's fresh 1 GiB JSON
-        checkpoint shared a piece with an earlier chunk of the same file, none of them
-        anything more, and each such try cost a base read and a compression (0.65 s
-        of CPU per GiB written).
-        """
-        named = (self.similar.get(f) for f in split_features(features))
-        votes = Counter(root for root in named if root is not None)
-        return [root for root, n in votes.most_common(2) if n >= MIN_VOTES]
+        """The chunks a chunk with these features may be stored as a difference from
+        (FeatureIndex.roots). Safe to call from a worker thread."""
+        return self.similar.roots(features)
 
     def note_ino(self, ino: int) -> None:
         """Keep next_ino above every inode number seen, so none is ever reused."""
