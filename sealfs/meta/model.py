@@ -115,8 +115,10 @@ class MetaState:
 
     def similar_roots(self, features: bytes) -> list[bytes]:
         """The chunks a chunk with these features may be stored as a difference from
-        (FeatureIndex.roots). Safe to call from a worker thread."""
-        return self.similar.roots(features)
+        (FeatureIndex.roots), each a whole chunk of the table: a read of a difference
+        takes its base and nothing more. Safe to call from a worker thread."""
+        rows = ((root, self.chunks.get(root)) for root in self.similar.roots(features))
+        return [root for root, row in rows if row is not None and not row.base]
 
     def note_ino(self, ino: int) -> None:
         """Keep next_ino above every inode number seen, so none is ever reused."""

@@ -225,13 +225,18 @@ class Chunks:
             if cid in known and cid not in self._unusable:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             features = similarity_features(keys.chunk_id_key, plaintext)
-            base, payload, flags = self._payload(cid, plaintext, features)
+            replace = cid in self._unusable
+            if replace:
+                # Written again over a damaged copy, it may be the base of differences
+                # stored meanwhile, which it repairs; and a base is always whole.
+                base, (payload, flags) = b"", _whole(plaintext)
+            else:
+                base, payload, flags = self._payload(cid, plaintext, features)
             binding = chunk_binding(self._volume_id, cid)
             sealed = seal_object(
                 keys.chunk_key, ObjectKind.CHUNK, binding, payload, flags=flags, epoch=epoch
             )
-            replace = cid in self._unusable
-            base = self._put_new(cid, chunk_name(cid), sealed, base, replace=replace)
+            base = self._put_new(cid, chunk_name(cid), sealed, base, known, replace=replace)
         self._unusable.discard(cid)
         # Recorded in the chunk table even where _put_new kept the store's copy: the
         # table lacks it (it was not in known).
@@ -270,7 +275,14 @@ class Chunks:
         return b"", *(alone or _whole(plaintext))
 
     def _put_new(
-        self, cid: bytes, name: str, sealed: bytes, base: bytes, *, replace: bool
+        self,
+        cid: bytes,
+        name: str,
+        sealed: bytes,
+        base: bytes,
+        known: Container[bytes],
+        *,
+        replace: bool,
     ) -> bytes:
         """Put a chunk, keeping one already under its name unless it is known damaged.
         Returns the base of the copy the store holds now (sealed's is base): a copy
@@ -289,16 +301,22 @@ class Chunks:
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
-            why, kept_base = self._unfit(cid, name)
+            why, kept_base = self._unfit(cid, name, known)
             if why is None:
                 return kept_base
             log.info("chunk %s in the store %s: replaced", name, why)
             self._store.put(name, sealed)
         return base
 
-    def _unfit(self, cid: bytes, name: str) -> tuple[str | None, bytes]:
+    def _unfit(self, cid: bytes, name: str, known: Container[bytes]) -> tuple[str | None, bytes]:
         """Why the store's own copy of chunk name cannot stand for this writer's (or None),
-        and that copy's base (b"" if it is whole, or could not be opened)."""
+        and that copy's base (b"" if it is whole, or could not be opened).
+
+        A copy stored as a difference is kept only if its base is a known chunk: one
+        that no commit records came from the same crashed writer, and only the
+        objects this writer puts or keeps are synced by its commits, so a power cut
+        could still take that base, and the copy with it.
+        """
         try:
             found = get_stored(self._store, name, MAX_SEALED_CHUNK)
         except ObjectNotFoundError:
@@ -315,6 +333,8 @@ class Chunks:
             return f"does not open ({exc})", b""
         if not isinstance(opened, _Delta):
             return None, b""
+        if opened.base not in known:
+            return f"is a difference from {chunk_name(opened.base)}, which no commit records", b""
         try:
             self._undelta(cid, opened)
         except SealfsError as exc:

@@ -49,3 +49,15 @@ def test_a_snapshot_loaded_indexes_its_newest_rows() -> None:
     state.set_chunks(table)
     assert state.similar_roots(features("0a", "0b")) == []
     assert state.similar_roots(features("4a", "x")) == [b"%032d" % 4]
+
+
+def test_only_whole_chunks_of_the_table_are_offered() -> None:
+    """A read of a difference takes its base and nothing more: a root whose row has a
+    base (or no row) is never offered, whatever the index still says of it."""
+    state, chunk = MetaState(), b"B" * 32
+    state.put_chunk(chunk, ChunkInfo(1 << 20, 1000, features("a", "b")))
+    assert state.similar_roots(features("a", "b")) == [chunk]
+    state.put_chunk(chunk, ChunkInfo(1 << 20, 10, b"", b"X" * 32))  # its row has a base now
+    assert state.similar_roots(features("a", "b")) == []
+    state.similar.add(features("c", "d"), b"N" * 32)  # no row
+    assert state.similar_roots(features("c", "d")) == []

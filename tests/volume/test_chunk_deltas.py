@@ -178,3 +178,62 @@ async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
     assert flags_of(volume_store, delta) == FLAG_DELTA
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         assert await read_file(volume, b"new") == new
+
+
+@pytest.mark.parametrize("damage", ["missing", "tampered"])
+async def test_a_damaged_base_written_again_is_stored_whole_and_its_differences_read(
+    volume_store: MemoryStore, damage: str
+) -> None:
+    """Writing a damaged base's bytes again repairs every difference from it, so it must
+    come back whole: stored as a difference from a chunk written meanwhile (which
+    took over its features), the repair made its differences unreadable for good, and
+    a new chunk like them was stored as a difference from it, readable only until
+    the plaintext cache forgot it."""
+    v1 = b"".join(records(5, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v1[:60_000] + b"another edit" + v1[60_000:]
+    v4 = v2[:90_000] + b"a later edit" + v2[90_000:]
+    async with mounted(volume_store) as volume:
+        base, _ = await base_and_difference(volume, v1, v2)
+    damage_object(volume_store, chunk_name(base), damage)
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        await write_file(volume, b"v3", v3)  # its base is damaged: stored whole
+        await volume.fsync()
+        await write_file(volume, b"old again", v1)  # the repair
+        await volume.fsync()
+        assert volume.meta.chunks[base].base == b""
+        await write_file(volume, b"v4", v4)
+        await volume.fsync()
+        (later,) = file_chunks(volume, b"v4")
+        root = volume.meta.chunks[later].base
+        assert not root or not volume.meta.chunks[root].base, "a base is always whole"
+    assert flags_of(volume_store, base) != FLAG_DELTA
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        for name, data in ((b"old", v1), (b"new", v2), (b"v3", v3), (b"v4", v4)):
+            assert await read_file(volume, name) == data, name
+
+
+async def test_a_difference_found_in_the_store_is_kept_only_if_its_base_is_recorded(
+    volume_store: MemoryStore,
+) -> None:
+    """A crash after a difference and its base were uploaded, before a segment recorded
+    them: the next writer of the same bytes finds the difference in the store. Its
+    base is in no commit, and this writer never synced it, so a power cut may yet
+    take it: the writer stores the chunk its own way instead of keeping the copy."""
+    old = b"".join(records(8, 1200))
+    new = old[:5000] + b"an edit" + old[5000:]
+    async with mounted(volume_store) as volume:
+        segments = set(volume_store.list("l/"))
+        base, delta = await base_and_difference(volume, old, new)
+    for name in set(volume_store.list("l/")) - segments:
+        volume_store.delete(name)  # as if the daemon died before recording them
+    async with mounted(volume_store) as volume:
+        assert base not in volume.meta.chunks
+        await write_file(volume, b"new", new)
+        await volume.fsync()
+        assert file_chunks(volume, b"new") == [delta]
+        assert volume.meta.chunks[delta].base == b""
+    assert flags_of(volume_store, delta) != FLAG_DELTA
+    volume_store.delete(chunk_name(base))  # the power cut
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == new
