@@ -903,17 +903,19 @@ class Reader:
         """A chunk's plaintext; a difference is read with its base (section 8), which
         must itself be whole (base: this chunk is one)."""
         name = chunk_id.hex()
-        if chunk_id not in self._chunks:
+        cached = self._chunks.get(chunk_id)
+        if cached is None:
             sealed, payload = self._open(f"c/{name[:2]}/{name}", MAX_CHUNK + 36, CHUNK, chunk_id)
-            if sealed[5] & DELTA:
-                if len(payload) < 32:
-                    raise FormatError(f"difference {name} too short for its base id")
-                whole = self.chunk(payload[:32], base=True)
-                payload = _decompress(payload[32:], MAX_CHUNK, whole)
-            self._chunks[chunk_id] = (payload, bool(sealed[5] & DELTA))
-        plain, difference = self._chunks[chunk_id]
-        if base and difference:
+            cached = (payload, bool(sealed[5] & DELTA))
+        plain, difference = cached
+        if base and difference:  # checked before its own base is read: no chains
             raise FormatError(f"chunk {name}, a base, is itself a difference")
+        if chunk_id not in self._chunks:
+            if difference:
+                if len(plain) < 32:
+                    raise FormatError(f"difference {name} too short for its base id")
+                plain = _decompress(plain[32:], MAX_CHUNK, self.chunk(plain[:32], base=True))
+            self._chunks[chunk_id] = (plain, difference)
         return plain
 
     def state(self) -> tuple[State, int | None, list[int]]:

@@ -266,9 +266,11 @@ def _keys(env: VolumeEnv) -> reader.Header:
     return reader.read_header((env.store / "sealfs.vol").read_bytes(), passphrase=secret)
 
 
-def _seal(header: reader.Header, kind: int, binding: bytes, payload: bytes) -> bytes:
+def _seal(
+    header: reader.Header, kind: int, binding: bytes, payload: bytes, flags: int = 0
+) -> bytes:
     """An object sealed as section 3 says, under the header's data epoch."""
-    head = b"SFS\x01" + bytes([kind, 0]) + header.data_epoch.to_bytes(2, "big")
+    head = b"SFS\x01" + bytes([kind, flags]) + header.data_epoch.to_bytes(2, "big")
     nonce = os.urandom(12)
     key = header.keys[header.data_epoch]
     aead = AESGCM(key.chunk_encryption if kind == reader.CHUNK else key.metadata)
@@ -328,6 +330,14 @@ def _a_base(env: Copy) -> Path:
     return env.store / "c" / name[:2] / name
 
 
+def _base_as_a_difference_from_its_difference(env: Copy) -> None:
+    """A loop only the keys' holder can make: each of the two is the other's base."""
+    difference, base = _a_difference(env), _a_base(env)
+    payload = bytes.fromhex(difference.name) + bytes(16)
+    sealed = _seal(_keys(env), reader.CHUNK, bytes.fromhex(base.name), payload, reader.DELTA)
+    base.write_bytes(sealed)
+
+
 def _swap_chunks(env: Copy) -> None:
     a, b = _a_chunk(env, 1), _a_chunk(env, 2)
     data_a, data_b = a.read_bytes(), b.read_bytes()
@@ -369,6 +379,10 @@ TAMPERING: dict[str, tuple[Callable[[Copy], object], type[reader.SpecError]]] = 
     "base of a difference bit flipped": (lambda e: _flip(_a_base(e), 30), IntegrityError),
     "difference flag cleared": (lambda e: _flip(_a_difference(e), 5, reader.DELTA), IntegrityError),
     "difference flag set with zstd's": (lambda e: _flip(_a_difference(e), 5, 1), FormatError),
+    "base sealed as a difference from its difference": (
+        _base_as_a_difference_from_its_difference,
+        FormatError,
+    ),
     "chunk cut short": (
         lambda e: _a_chunk(e, 1).write_bytes(b"SFS\x01\x01\x00\x00\x01"),
         FormatError,
