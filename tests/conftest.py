@@ -78,13 +78,18 @@ class WrappedStore:
 
 @asynccontextmanager
 async def mounted(
-    store: ObjectStore, unlock_again: UnlockAgain | None = None, **options: Any
+    store: ObjectStore,
+    unlock_again: UnlockAgain | None = None,
+    *,
+    takeover: bool = False,
+    **options: Any,
 ) -> AsyncIterator[Volume]:
-    """Open, claim and run a volume on store; unmounts cleanly on exit."""
+    """Open, claim and run a volume on store; unmounts cleanly on exit. takeover: claim
+    it from a writer that still holds it (`sealfs mount --takeover`)."""
     loaded = open_volume(store, Passphrase(PASSPHRASE))
     opts = VolumeOptions(**options)
     if not opts.read_only:
-        check_writer(loaded, takeover=False)
+        check_writer(loaded, takeover=takeover)
         claim_writer(loaded)
     volume = Volume(loaded, opts, unlock_again)
     async with volume.running():

@@ -15,6 +15,7 @@ at most one other chunk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import OrderedDict
@@ -312,35 +313,52 @@ class Chunks:
         """Why the store's own copy of chunk name cannot stand for this writer's (or None),
         and that copy's base (b"" if it is whole, or could not be opened).
 
-        A copy stored as a difference is kept only if its base is a known chunk: one
-        that no commit records came from the same crashed writer, and only the
-        objects this writer puts or keeps are synced by its commits, so a power cut
-        could still take that base, and the copy with it.
+        A copy stored as a difference is kept only if its base, as the store holds
+        it, is whole and the difference decodes against it: a plaintext in the cache
+        says neither. A base that no known chunk is was put by a writer that may
+        have died before its sync, so it is put again, create-only: that makes this
+        writer's next sync flush it (sealfs.store.local). Replacing the copy instead
+        is no answer: it may be the committed chunk of a writer that took the volume
+        over, whose base this writer never saw.
         """
+        why, _, opened = self._open_found(cid, name)
+        if why is not None or not isinstance(opened, _Delta):
+            return why, b""
+        base_name = chunk_name(opened.base)
+        why, found_base, base = self._open_found(opened.base, base_name)
+        if why is not None:
+            return f"names as its base {base_name}, which {why}", b""
+        if isinstance(base, _Delta):
+            return f"names as its base {base_name}, itself a difference", b""
+        if base is not None:  # else another writer's rekey re-sealed it: kept as it is
+            try:
+                decompress_delta(opened.frame, base, MAX_CHUNK)
+            except FormatError as exc:
+                return f"does not decode against its base {base_name} ({exc})", b""
+            if opened.base not in known:
+                with contextlib.suppress(ObjectExistsError):
+                    self._store.put(base_name, found_base, replace=False)
+        return None, opened.base
+
+    def _open_found(self, cid: bytes, name: str) -> tuple[str | None, bytes, bytes | _Delta | None]:
+        """(why it is unfit or None, its sealed bytes, what it opens to) for the store's
+        own copy of chunk name. Opened is None where why is None for a copy sealed
+        under a newer key epoch that the volume's header names: the new writer's rekey
+        re-sealed it, never this writer's to undo."""
         try:
             found = get_stored(self._store, name, MAX_SEALED_CHUNK)
         except ObjectNotFoundError:
-            return "is gone", b""
+            return "is gone", b"", None
         except FormatError as exc:  # larger than any chunk, or not a regular file
-            return f"is malformed ({exc})", b""
+            return f"is malformed ({exc})", b"", None
         try:
-            opened = self._open(cid, found)
+            return None, found, self._open(cid, found)
         except NewerEpochError as exc:
             if self._rekeyed_to(exc.epoch):
-                return None, b""  # the new writer's rekey re-sealed it: never ours to undo
-            return f"names key epoch {exc.epoch}, which the volume's header does not", b""
+                return None, found, None
+            return f"names key epoch {exc.epoch}, which the volume's header does not", found, None
         except (IntegrityError, FormatError) as exc:
-            return f"does not open ({exc})", b""
-        if not isinstance(opened, _Delta):
-            return None, b""
-        if opened.base not in known:
-            return f"is a difference from {chunk_name(opened.base)}, which no commit records", b""
-        try:
-            self._undelta(cid, opened)
-        except SealfsError as exc:
-            if cid in self._unusable:  # its base is missing or damaged
-                return f"cannot be read ({exc})", b""
-        return None, opened.base
+            return f"does not open ({exc})", found, None
 
     def _rekeyed_to(self, epoch: int) -> bool:
         """Whether the volume's header (as the store holds it now) names key epoch epoch

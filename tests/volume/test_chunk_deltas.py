@@ -6,12 +6,14 @@ import pytest
 
 from sealfs.crypto.envelope import FLAG_DELTA, read_envelope_epoch
 from sealfs.errors import IntegrityError, ObjectNotFoundError
+from sealfs.keys.kdf import Argon2Params
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
+from sealfs.volume.loader import create_volume
 from tests.checkpoints import edited, records
-from tests.conftest import mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
 from tests.volume.test_chunks import damage_object, read_file, write_file
 from tests.volume.test_rekey import check_rekeyed, start_rekey
 
@@ -213,27 +215,118 @@ async def test_a_damaged_base_written_again_is_stored_whole_and_its_differences_
             assert await read_file(volume, name) == data, name
 
 
-async def test_a_difference_found_in_the_store_is_kept_only_if_its_base_is_recorded(
-    volume_store: MemoryStore,
+class PowerCutStore(MemoryStore):
+    """What a local store keeps through a power cut: an object put reaches the disk at
+    the next sync of the process that put it, or that found it there when putting it
+    create-only (sealfs.store.local, _create_only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsynced: set[str] = set()
+        self._mine: set[str] = set()
+
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        self._mine.add(name)
+        super().put(name, data, replace=replace)
+        self.unsynced.add(name)
+
+    def sync(self) -> None:
+        super().sync()
+        self.unsynced -= self._mine
+        self._mine.clear()
+
+    def cut_power(self) -> None:
+        for name in self.unsynced:
+            self.delete(name)
+        self.unsynced.clear()
+        self._mine.clear()
+
+
+async def crashed_before_recording(
+    store: MemoryStore, old: bytes, new: bytes
+) -> tuple[bytes, bytes]:
+    """A base and a difference from it in the store, which no commit records: as if the
+    writer died after uploading them, before its segment. Returns their ids."""
+    async with mounted(store) as volume:
+        segments = set(store.list("l/"))
+        base, delta = await base_and_difference(volume, old, new)
+    for name in set(store.list("l/")) - segments:
+        store.delete(name)
+    return base, delta
+
+
+async def test_a_difference_found_in_the_store_is_kept_and_its_unrecorded_base_made_durable(
+    kdf_params: Argon2Params,
 ) -> None:
-    """A crash after a difference and its base were uploaded, before a segment recorded
-    them: the next writer of the same bytes finds the difference in the store. Its
-    base is in no commit, and this writer never synced it, so a power cut may yet
-    take it: the writer stores the chunk its own way instead of keeping the copy."""
+    """The next writer of the same bytes finds the difference in the store and keeps it.
+    Its base is in no commit and may not have reached the disk (the writer that put
+    it died before its sync): the writer puts it again, create-only, so that its own
+    sync flushes it, and a power cut after the commit takes neither."""
+    store = PowerCutStore()
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     old = b"".join(records(8, 1200))
     new = old[:5000] + b"an edit" + old[5000:]
-    async with mounted(volume_store) as volume:
-        segments = set(volume_store.list("l/"))
-        base, delta = await base_and_difference(volume, old, new)
-    for name in set(volume_store.list("l/")) - segments:
-        volume_store.delete(name)  # as if the daemon died before recording them
-    async with mounted(volume_store) as volume:
+    base, delta = await crashed_before_recording(store, old, new)
+    store.unsynced |= {chunk_name(base), chunk_name(delta)}  # it died before its sync
+    async with mounted(store) as volume:
         assert base not in volume.meta.chunks
         await write_file(volume, b"new", new)
         await volume.fsync()
         assert file_chunks(volume, b"new") == [delta]
-        assert volume.meta.chunks[delta].base == b""
-    assert flags_of(volume_store, delta) != FLAG_DELTA
-    volume_store.delete(chunk_name(base))  # the power cut
-    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert volume.meta.chunks[delta].base == base  # the copy found, kept
+    store.cut_power()
+    async with mounted(store, chunk_cache_bytes=0) as volume:
         assert await read_file(volume, b"new") == new
+
+
+async def test_a_found_difference_whose_base_became_a_difference_is_replaced(
+    volume_store: MemoryStore,
+) -> None:
+    """The crashed writer's base came back damaged and was written again, as a difference
+    from a chunk written meanwhile: its cached plaintext reads, but a difference from
+    it would not after a remount. The copy found is checked against the base the
+    store holds, so it is replaced."""
+    v1 = b"".join(records(5, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    other = v1[:80_000] + b"other edit" + v1[80_000:]
+    base, delta = await crashed_before_recording(volume_store, v1, v2)
+    damage_object(volume_store, chunk_name(base), "tampered")
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"other", other)
+        await volume.fsync()
+        await write_file(volume, b"old", v1)  # replaces the damaged copy found
+        await volume.fsync()
+        assert volume.meta.chunks[base].base  # a difference from other's chunk now
+        await write_file(volume, b"new", v2)
+        await volume.fsync()
+        assert volume.meta.chunks[delta].base != base
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == v2
+
+
+async def test_a_writer_taken_over_keeps_the_new_writers_difference(
+    volume_store: MemoryStore,
+) -> None:
+    """A writer taken over (not fenced yet) writes bytes the new writer has committed as
+    a difference from a chunk the old one never saw. It must keep that copy: replaced
+    by its own difference, from a chunk it alone wrote and no commit records, the new
+    writer's file lost its bytes with that chunk."""
+    v1 = b"".join(records(5, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    mine = v2[:80_000] + b"old writer's edit" + v2[80_000:]
+    with pytest.raises(BaseExceptionGroup):  # the old writer's last commit is refused
+        async with (
+            mounted(volume_store, commit_interval=3600.0) as old_writer,
+            mounted(volume_store, takeover=True) as new_writer,
+        ):
+            base, delta = await base_and_difference(new_writer, v1, v2)
+            for name, data in ((b"mine", mine), (b"theirs", v2)):
+                await write_file(old_writer, name, data)
+                ino = old_writer.meta.inodes[ROOT_INO].entries[name]  # type: ignore[index]
+                await old_writer.commits._flush_early(ino)  # uploads, no commit
+            (only_mine,) = file_chunks(old_writer, b"mine")
+            assert only_mine not in new_writer.meta.chunks
+    volume_store.delete(chunk_name(only_mine))
+    async with mounted(volume_store, chunk_cache_bytes=0, read_only=True) as volume:
+        assert volume.meta.chunks[delta].base == base
+        assert await read_file(volume, b"new") == v2
