@@ -234,14 +234,20 @@ class Chunks:
             else:
                 base, payload, flags = self._payload(cid, plaintext, features)
             binding = chunk_binding(self._volume_id, cid)
-            sealed = seal_object(
-                keys.chunk_key, ObjectKind.CHUNK, binding, payload, flags=flags, epoch=epoch
-            )
-            base = self._put_new(cid, chunk_name(cid), sealed, base, known, replace=replace)
+
+            def sealed_as(payload: bytes | memoryview, flags: int) -> bytes:
+                return seal_object(
+                    keys.chunk_key, ObjectKind.CHUNK, binding, payload, flags=flags, epoch=epoch
+                )
+
+            base, stored_size = self._put_new(
+                cid, sealed_as(payload, flags), base, known,
+                lambda: sealed_as(*_whole(plaintext)), replace=replace,
+            )  # fmt: skip
         self._unusable.discard(cid)
         # Recorded in the chunk table even where _put_new kept the store's copy: the
         # table lacks it (it was not in known).
-        return StoredChunk(cid, len(plaintext), len(sealed), True, features, base)
+        return StoredChunk(cid, len(plaintext), stored_size, True, features, base)
 
     def _payload(
         self, cid: bytes, plaintext: bytes | memoryview, features: bytes
@@ -278,16 +284,18 @@ class Chunks:
     def _put_new(
         self,
         cid: bytes,
-        name: str,
         sealed: bytes,
         base: bytes,
         known: Container[bytes],
+        sealed_whole: Callable[[], bytes],
         *,
         replace: bool,
-    ) -> bytes:
+    ) -> tuple[bytes, int]:
         """Put a chunk, keeping one already under its name unless it is known damaged.
-        Returns the base of the copy the store holds now (sealed's is base): a copy
-        kept may be a difference where sealed is whole, or the other way round.
+        Returns the base of the copy the store holds now (sealed's is base) and the
+        size put: a copy kept may be a difference where sealed is whole, or the other
+        way round. A copy replaced is replaced whole (sealed_whole), as a damaged
+        chunk written again is: differences found later may name it as their base.
 
         The name says what the chunk holds, so an object found there is this chunk
         sealed by another: a commit that crashed before its segment, or the writer
@@ -299,15 +307,18 @@ class Chunks:
         (ext4 data=writeback), and a commit kept such a copy for the data it
         committed, which then read EIO.
         """
+        name = chunk_name(cid)
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
             why, kept_base = self._unfit(cid, name, known)
             if why is None:
-                return kept_base
+                return kept_base, len(sealed)
             log.info("chunk %s in the store %s: replaced", name, why)
+            if base:
+                sealed, base = sealed_whole(), b""
             self._store.put(name, sealed)
-        return base
+        return base, len(sealed)
 
     def _unfit(self, cid: bytes, name: str, known: Container[bytes]) -> tuple[str | None, bytes]:
         """Why the store's own copy of chunk name cannot stand for this writer's (or None),

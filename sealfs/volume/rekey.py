@@ -269,11 +269,13 @@ class Rekeyer:
             return 0  # gone meanwhile (a snapshot the writer superseded twice)
         except (IntegrityError, FormatError) as exc:
             # Refused as it was read (too large) or as it was opened, alike.
-            if not self._never_recorded(name) and not self._unused(name):
+            if not self._unused(name):
                 raise
             # A chunk no commit ever named (what a crash, a power cut before the chunks'
             # sync, leaves cut short), or one whose files are all gone (nothing is
-            # collected yet). No file reads it, so it must not keep every later rekey
+            # collected yet). Asked of the files and of the chunk table's bases, not of
+            # the table alone: a difference kept from a crashed writer names a base
+            # that has no row of its own. No file reads it, so it must not keep every later rekey
             # from finishing, and with it the retired key in force: a store could keep
             # a compromised key valid by damaging one such object. Left as it is, under
             # the retired epoch, it stays unreadable once that key is dropped; one a
@@ -290,12 +292,6 @@ class Rekeyer:
     def _sealed_now(self, head: bytes) -> bool:
         """Whether a sealed object's first bytes name the current epoch."""
         return read_envelope_epoch(head) == self._ring.epoch
-
-    def _never_recorded(self, name: str) -> bool:
-        """Whether name is a chunk that no record of the volume names (live state: the
-        committed records and those of commits still to come)."""
-        chunk_id = _chunk_id(name)
-        return chunk_id is not None and chunk_id not in self._loaded.live.chunks
 
     def _unused(self, name: str) -> bool:
         """Worker thread: whether name is a chunk no file uses now (asked of the event

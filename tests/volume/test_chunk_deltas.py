@@ -3,9 +3,10 @@
 import os
 
 import pytest
+import trio
 
 from sealfs.crypto.envelope import FLAG_DELTA, read_envelope_epoch
-from sealfs.errors import IntegrityError, ObjectNotFoundError
+from sealfs.errors import FencedError, IntegrityError, ObjectNotFoundError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.memory import MemoryStore
@@ -279,13 +280,13 @@ async def test_a_difference_found_in_the_store_is_kept_and_its_unrecorded_base_m
         assert await read_file(volume, b"new") == new
 
 
-async def test_a_found_difference_whose_base_became_a_difference_is_replaced(
+async def test_a_damaged_copy_found_is_replaced_whole_and_a_difference_from_it_kept(
     volume_store: MemoryStore,
 ) -> None:
-    """The crashed writer's base came back damaged and was written again, as a difference
-    from a chunk written meanwhile: its cached plaintext reads, but a difference from
-    it would not after a remount. The copy found is checked against the base the
-    store holds, so it is replaced."""
+    """The crashed writer's base came back damaged, its difference sound. The next writer
+    of the base's bytes replaces the damaged copy, whole although a chunk written
+    meanwhile is like it (stored as a difference from that chunk, it made the
+    difference found next unreadable), and then keeps the difference it finds."""
     v1 = b"".join(records(5, 1200))
     v2 = v1[:1000] + b"changed" + v1[1000:]
     other = v1[:80_000] + b"other edit" + v1[80_000:]
@@ -294,14 +295,39 @@ async def test_a_found_difference_whose_base_became_a_difference_is_replaced(
     async with mounted(volume_store) as volume:
         await write_file(volume, b"other", other)
         await volume.fsync()
-        await write_file(volume, b"old", v1)  # replaces the damaged copy found
+        await write_file(volume, b"old", v1)  # finds the damaged copy: replaced
         await volume.fsync()
-        assert volume.meta.chunks[base].base  # a difference from other's chunk now
-        await write_file(volume, b"new", v2)
+        assert volume.meta.chunks[base].base == b""
+        await write_file(volume, b"new", v2)  # finds the difference: kept
         await volume.fsync()
-        assert volume.meta.chunks[delta].base != base
+        assert volume.meta.chunks[delta].base == base
+    assert flags_of(volume_store, base) != FLAG_DELTA
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         assert await read_file(volume, b"new") == v2
+
+
+async def test_a_damaged_base_no_row_names_but_a_difference_does_stops_the_rekey(
+    volume_store: MemoryStore,
+) -> None:
+    """A difference kept from a crashed writer names a base with no row of its own. The
+    rekey leaves a damaged chunk that no file uses (a crash's leftover), and asked
+    only the table's rows whether this one was recorded: it left the base, under
+    the key it then dropped, and the file lost its bytes."""
+    old = b"".join(records(9, 1200))
+    new = old[:3000] + b"an edit" + old[3000:]
+    base, delta = await crashed_before_recording(volume_store, old, new)
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"new", new)  # keeps the difference found
+        await volume.fsync()
+        assert base not in volume.meta.chunks and volume.meta.chunks[delta].base == base
+    damage_object(volume_store, chunk_name(base), "tampered")
+    start_rekey(volume_store)
+    async with mounted(volume_store) as volume:
+        assert volume.rekey is not None
+        with trio.fail_after(30):
+            await volume.rekey.ended.wait()
+        assert volume.rekey.progress.stopped and not volume.rekey.progress.finished
+        assert volume.loaded.keys.retired_epoch == 0  # the old key is kept
 
 
 async def test_a_writer_taken_over_keeps_the_new_writers_difference(
@@ -314,7 +340,7 @@ async def test_a_writer_taken_over_keeps_the_new_writers_difference(
     v1 = b"".join(records(5, 1200))
     v2 = v1[:1000] + b"changed" + v1[1000:]
     mine = v2[:80_000] + b"old writer's edit" + v2[80_000:]
-    with pytest.raises(BaseExceptionGroup):  # the old writer's last commit is refused
+    with pytest.raises(BaseExceptionGroup) as ended:
         async with (
             mounted(volume_store, commit_interval=3600.0) as old_writer,
             mounted(volume_store, takeover=True) as new_writer,
@@ -326,6 +352,8 @@ async def test_a_writer_taken_over_keeps_the_new_writers_difference(
                 await old_writer.commits._flush_early(ino)  # uploads, no commit
             (only_mine,) = file_chunks(old_writer, b"mine")
             assert only_mine not in new_writer.meta.chunks
+    fenced, others = ended.value.split(FencedError)
+    assert fenced is not None and others is None, others  # its last commit refused, no more
     volume_store.delete(chunk_name(only_mine))
     async with mounted(volume_store, chunk_cache_bytes=0, read_only=True) as volume:
         assert volume.meta.chunks[delta].base == base
