@@ -88,6 +88,10 @@ class MetaState:
     chunks_stored_bytes: int = 0
     # The features of the chunk table's newest rows (sealfs.meta.similar).
     similar: FeatureIndex = field(default_factory=FeatureIndex)
+    # The chunks that rows name as their base: written again, such a chunk must be stored
+    # whole, whether or not it has a row (a difference kept from another writer names
+    # a base that may have none).
+    bases: set[bytes] = field(default_factory=set)
     generation: int = 0
     head_hash: bytes = bytes(32)
     committed_ns: int = 0
@@ -106,12 +110,19 @@ class MetaState:
         self.chunks = table
         self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
         self.similar.clear()
+        self.bases.clear()
         for chunk_id, info in table.items():
             self._index(chunk_id, info)
 
     def _index(self, chunk_id: bytes, info: ChunkInfo) -> None:
         if info.features:
             self.similar.add(info.features, info.base or chunk_id)
+        if info.base:
+            self.bases.add(info.base)
+
+    def is_base(self, chunk_id: bytes) -> bool:
+        """Whether a row names chunk_id as its base. Safe to call from a worker thread."""
+        return chunk_id in self.bases
 
     def similar_roots(self, features: bytes) -> list[bytes]:
         """The chunks a chunk with these features may be stored as a difference from

@@ -183,12 +183,15 @@ class Chunks:
         keys: KeyRing,
         limiter: trio.CapacityLimiter,
         similar_roots: Callable[[bytes], list[bytes]],
+        is_base: Callable[[bytes], bool],
         cache_bytes: int = 64 << 20,
     ) -> None:
         """similar_roots: the chunks a new chunk with these features may be stored as a
-        difference from (MetaState.similar_roots); called in worker threads."""
+        difference from (MetaState.similar_roots); is_base: whether a chunk is named as
+        a base (MetaState.is_base). Both are called in worker threads."""
         self._store = store
         self._similar_roots = similar_roots
+        self._is_base = is_base
         self._volume_id = volume_id
         self._keys = keys
         self._limiter = limiter
@@ -227,9 +230,11 @@ class Chunks:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             features = similarity_features(keys.chunk_id_key, plaintext)
             replace = cid in self._unusable
-            if replace:
+            if replace or self._is_base(cid):
                 # Written again over a damaged copy, it may be the base of differences
-                # stored meanwhile, which it repairs; and a base is always whole.
+                # stored meanwhile, which it repairs; a base with no row (named by a
+                # difference kept from another writer) may be missing. A base is
+                # always whole.
                 base, (payload, flags) = b"", _whole(plaintext)
             else:
                 base, payload, flags = self._payload(cid, plaintext, features)

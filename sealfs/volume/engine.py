@@ -102,6 +102,7 @@ class Volume:
             loaded.keys,
             self._limiter,
             self.meta.similar_roots,
+            self.meta.is_base,
             options.chunk_cache_bytes,
         )
         self._chunker = Chunker(loaded.keys.current.chunker_seed)

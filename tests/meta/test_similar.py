@@ -61,3 +61,11 @@ def test_only_whole_chunks_of_the_table_are_offered() -> None:
     assert state.similar_roots(features("a", "b")) == []
     state.similar.add(features("c", "d"), b"N" * 32)  # no row
     assert state.similar_roots(features("c", "d")) == []
+
+
+def test_the_bases_rows_name_are_known_with_or_without_a_row() -> None:
+    state, base = MetaState(), b"B" * 32
+    state.put_chunk(b"D" * 32, ChunkInfo(1 << 20, 10, b"", base))
+    assert state.is_base(base) and not state.is_base(b"D" * 32)
+    state.set_chunks({b"E" * 32: ChunkInfo(1 << 20, 10)})
+    assert not state.is_base(base)

@@ -306,6 +306,34 @@ async def test_a_damaged_copy_found_is_replaced_whole_and_a_difference_from_it_k
         assert await read_file(volume, b"new") == v2
 
 
+async def test_a_missing_base_with_no_row_written_again_is_stored_whole(
+    volume_store: MemoryStore,
+) -> None:
+    """A difference kept from a crashed writer names a base with no row. Gone from the
+    store, the base is no object a create-only put finds: written again after a
+    chunk like it, it was stored as a difference from that chunk, and the kept
+    difference read FormatError for good (writing the base's bytes once more
+    deduplicated onto the new row)."""
+    v1 = b"".join(records(5, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    other = v1[:80_000] + b"other edit" + v1[80_000:]
+    base, delta = await crashed_before_recording(volume_store, v1, v2)
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"new", v2)  # keeps the difference found
+        await volume.fsync()
+        assert base not in volume.meta.chunks and volume.meta.chunks[delta].base == base
+    volume_store.delete(chunk_name(base))
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"other", other)
+        await volume.fsync()
+        await write_file(volume, b"old", v1)
+        await volume.fsync()
+        assert volume.meta.chunks[base].base == b""
+    assert flags_of(volume_store, base) != FLAG_DELTA
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == v2
+
+
 async def test_a_damaged_base_no_row_names_but_a_difference_does_stops_the_rekey(
     volume_store: MemoryStore,
 ) -> None:
