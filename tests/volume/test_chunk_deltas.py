@@ -280,6 +280,36 @@ async def test_a_difference_found_in_the_store_is_kept_and_its_unrecorded_base_m
         assert await read_file(volume, b"new") == new
 
 
+async def write_a_likeness_then(volume: Volume, data: bytes, base: bytes) -> None:
+    """Write a file like data, then data, whose one chunk is base: it must be stored
+    whole, not as a difference from the likeness."""
+    await write_file(volume, b"other", data[:80_000] + b"other edit" + data[80_000:])
+    await volume.fsync()
+    await write_file(volume, b"old", data)
+    await volume.fsync()
+    assert volume.meta.chunks[base].base == b""
+
+
+async def check_whole_and_read(store: MemoryStore, base: bytes, name: bytes, data: bytes) -> None:
+    """base is stored whole, and file name (a difference from it) reads data after a
+    remount, with no plaintext cached."""
+    assert flags_of(store, base) != FLAG_DELTA
+    async with mounted(store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, name) == data
+
+
+async def kept_with_a_base_without_a_row(store: MemoryStore, old: bytes, new: bytes) -> bytes:
+    """A crashed writer's base and difference (crashed_before_recording), then file "new"
+    written by the next writer, which keeps the difference found: its row names a
+    base that has no row. Returns the base's id."""
+    base, delta = await crashed_before_recording(store, old, new)
+    async with mounted(store) as volume:
+        await write_file(volume, b"new", new)
+        await volume.fsync()
+        assert base not in volume.meta.chunks and volume.meta.chunks[delta].base == base
+    return base
+
+
 async def test_a_damaged_copy_found_is_replaced_whole_and_a_difference_from_it_kept(
     volume_store: MemoryStore,
 ) -> None:
@@ -289,21 +319,14 @@ async def test_a_damaged_copy_found_is_replaced_whole_and_a_difference_from_it_k
     difference found next unreadable), and then keeps the difference it finds."""
     v1 = b"".join(records(5, 1200))
     v2 = v1[:1000] + b"changed" + v1[1000:]
-    other = v1[:80_000] + b"other edit" + v1[80_000:]
     base, delta = await crashed_before_recording(volume_store, v1, v2)
     damage_object(volume_store, chunk_name(base), "tampered")
     async with mounted(volume_store) as volume:
-        await write_file(volume, b"other", other)
-        await volume.fsync()
-        await write_file(volume, b"old", v1)  # finds the damaged copy: replaced
-        await volume.fsync()
-        assert volume.meta.chunks[base].base == b""
+        await write_a_likeness_then(volume, v1, base)  # which finds the damaged copy
         await write_file(volume, b"new", v2)  # finds the difference: kept
         await volume.fsync()
         assert volume.meta.chunks[delta].base == base
-    assert flags_of(volume_store, base) != FLAG_DELTA
-    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
-        assert await read_file(volume, b"new") == v2
+    await check_whole_and_read(volume_store, base, b"new", v2)
 
 
 async def test_a_missing_base_with_no_row_written_again_is_stored_whole(
@@ -316,22 +339,11 @@ async def test_a_missing_base_with_no_row_written_again_is_stored_whole(
     deduplicated onto the new row)."""
     v1 = b"".join(records(5, 1200))
     v2 = v1[:1000] + b"changed" + v1[1000:]
-    other = v1[:80_000] + b"other edit" + v1[80_000:]
-    base, delta = await crashed_before_recording(volume_store, v1, v2)
-    async with mounted(volume_store) as volume:
-        await write_file(volume, b"new", v2)  # keeps the difference found
-        await volume.fsync()
-        assert base not in volume.meta.chunks and volume.meta.chunks[delta].base == base
+    base = await kept_with_a_base_without_a_row(volume_store, v1, v2)
     volume_store.delete(chunk_name(base))
     async with mounted(volume_store) as volume:
-        await write_file(volume, b"other", other)
-        await volume.fsync()
-        await write_file(volume, b"old", v1)
-        await volume.fsync()
-        assert volume.meta.chunks[base].base == b""
-    assert flags_of(volume_store, base) != FLAG_DELTA
-    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
-        assert await read_file(volume, b"new") == v2
+        await write_a_likeness_then(volume, v1, base)
+    await check_whole_and_read(volume_store, base, b"new", v2)
 
 
 async def test_a_damaged_base_no_row_names_but_a_difference_does_stops_the_rekey(
@@ -343,11 +355,7 @@ async def test_a_damaged_base_no_row_names_but_a_difference_does_stops_the_rekey
     the key it then dropped, and the file lost its bytes."""
     old = b"".join(records(9, 1200))
     new = old[:3000] + b"an edit" + old[3000:]
-    base, delta = await crashed_before_recording(volume_store, old, new)
-    async with mounted(volume_store) as volume:
-        await write_file(volume, b"new", new)  # keeps the difference found
-        await volume.fsync()
-        assert base not in volume.meta.chunks and volume.meta.chunks[delta].base == base
+    base = await kept_with_a_base_without_a_row(volume_store, old, new)
     damage_object(volume_store, chunk_name(base), "tampered")
     start_rekey(volume_store)
     async with mounted(volume_store) as volume:
