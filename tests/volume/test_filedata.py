@@ -688,6 +688,8 @@ async def test_small_regions_read_the_old_pieces_they_take_in_side_by_side(
         assert len(chunks) >= 6
         for extent in chunks:  # leaves 8 KiB of the old chunk before it: taken in
             at = extent.start + 8192
+            if at + 4096 > len(data):
+                continue  # a last chunk that short (its cuts follow the volume's key)
             data[at : at + 4096] = piece = stream(extent.start, 4096)
             await v.write(fh, at, piece)
         await v.fsync()
