@@ -236,7 +236,8 @@ class Volume:
         """Whether a file here, or one deleted and still open, has bytes in chunk_id, or in
         a chunk stored as a difference from it."""
         wanted = {chunk_id}
-        wanted.update(cid for cid, info in self.meta.chunks.items() if info.base == chunk_id)
+        if self.meta.is_base(chunk_id):  # else no row to look through on the event loop
+            wanted.update(cid for cid, info in self.meta.chunks.items() if info.base == chunk_id)
         files = itertools.chain(self.meta.inodes.values(), self._detached.values())
         return any(
             not wanted.isdisjoint(inode.extents.chunk_ids())

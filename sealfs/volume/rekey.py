@@ -275,11 +275,12 @@ class Rekeyer:
             # sync, leaves cut short), or one whose files are all gone (nothing is
             # collected yet). Asked of the files and of the chunk table's bases, not of
             # the table alone: a difference kept from a crashed writer names a base
-            # that has no row of its own. No file reads it, so it must not keep every later rekey
-            # from finishing, and with it the retired key in force: a store could keep
-            # a compromised key valid by damaging one such object. Left as it is, under
-            # the retired epoch, it stays unreadable once that key is dropped; one a
-            # file uses may be damaged only in transit, so that one stops the rekey.
+            # that has no row of its own. No file reads it, so it must not keep every
+            # later rekey from finishing, and with it the retired key in force: a store
+            # could keep a compromised key valid by damaging one such object. Left as
+            # it is, under the retired epoch, it stays unreadable once that key is
+            # dropped; one a file uses may be damaged only in transit, so that one
+            # stops the rekey.
             log.warning("rekey: %s left as it is, not re-sealed (no file uses it): %s", name, exc)
             return 0
         if not size:
