@@ -171,6 +171,10 @@ class _Server(ThreadingHTTPServer):
     proxy: FaultProxy
 
 
+class _BodyCutShort(Exception):
+    """A request's body ended before its declared length: its client went away."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
@@ -212,7 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         proxy = self.server.proxy
-        body = self._read_body()
+        try:
+            body = self._read_body()
+        except _BodyCutShort:  # the client died mid-body: S3 would store nothing
+            self._drop()
+            return
         fault = proxy.pick(self.command)
         if proxy.refuse_checksums and any(
             name.lower().startswith(("x-amz-checksum-", "x-amz-sdk-checksum-"))
@@ -254,18 +262,33 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _read_body(self) -> bytes:
+        """The request's whole body; _BodyCutShort if the connection ended before it did.
+
+        Forwarding what came, with its own length, would turn a daemon killed mid-PUT
+        into a complete PUT of a shorter object, which no S3 stores (it answers
+        IncompleteBody, or never hears the end of the request)."""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             parts = []
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline()
+                if not line.endswith(b"\n"):
+                    raise _BodyCutShort
+                size = int(line.split(b";")[0].strip() or b"0", 16)
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
+                    while (trailer := self.rfile.readline()) not in (b"\r\n", b"\n"):
+                        if not trailer:
+                            raise _BodyCutShort
                     return b"".join(parts)
-                parts.append(self.rfile.read(size))
+                parts.append(self._read_exactly(size))
                 self.rfile.readline()
         length = int(self.headers.get("Content-Length", "0") or 0)
-        return self.rfile.read(length) if length else b""
+        return self._read_exactly(length)
+
+    def _read_exactly(self, size: int) -> bytes:
+        data = self.rfile.read(size) if size else b""
+        if len(data) != size:
+            raise _BodyCutShort
+        return data
 
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}

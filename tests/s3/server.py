@@ -151,11 +151,11 @@ def new_bucket() -> str:
     return name
 
 
-def all_objects(bucket: str) -> dict[str, bytes]:
-    """Every key in the bucket and its bytes."""
+def all_objects(bucket: str, prefix: str = "") -> dict[str, bytes]:
+    """Every key in the bucket (under the prefix) and its bytes."""
     c = client()
     out: dict[str, bytes] = {}
-    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             out[item["Key"]] = c.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
     return out

@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from tests.prereq import require
 from tests.s3.conftest import S3VolumeEnv
-from tests.s3.server import moto_endpoint
+from tests.s3.server import all_objects
 from tests.spec.test_crash_oracle import S3_SEEDS, check_crash
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.s3]
@@ -27,20 +25,14 @@ pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.s3]
 def download(bucket: str, prefix: str, into: Path) -> Path:
     """Every object of the volume at s3://bucket/prefix, as a local store's files.
 
-    The bytes are taken as the service holds them, without botocore's check of the
-    checksum the upload declared: moto stores the body of a PUT whose client died
-    mid-body (a daemon killed while uploading) with the checksum that client declared,
-    where S3 would refuse the PUT. Such an object is an upload that never completed: a
-    reader must not need it (format.md section 11: garbage, never an inconsistency)."""
+    botocore checks each body against the checksum its upload declared: an object
+    stored with other bytes than its PUT sent fails the copy (the fault proxy once
+    forwarded a killed daemon's half-sent PUT as a whole one)."""
     into.mkdir(parents=True)
-    config = Config(s3={"addressing_style": "path"}, response_checksum_validation="when_required")
-    c = boto3.client("s3", endpoint_url=moto_endpoint(), config=config)
-    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        for item in page.get("Contents", []):
-            body = c.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-            path = into / item["Key"].removeprefix(prefix + "/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(body)
+    for key, body in all_objects(bucket, prefix + "/").items():
+        path = into / key.removeprefix(prefix + "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
     return into
 
 

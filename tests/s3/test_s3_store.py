@@ -454,6 +454,27 @@ def test_a_body_cut_half_way_is_never_returned(moto: str, bucket: str, proxy: Fa
     assert proxy.injected["cut"] > 0
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_put_whose_client_dies_mid_body_stores_nothing_through_the_proxy(
+    bucket: str, proxy: FaultProxy, framing: str
+) -> None:
+    """The crash tests kill a daemon mid-PUT through the proxy: what S3 would keep of it
+    (nothing) is what moto must keep. The proxy once forwarded the bytes that came as a
+    complete, shorter PUT, and a copy of the bucket held an empty log segment."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    head = f"PUT /{bucket}/p/l/cut HTTP/1.1\r\nHost: {host}\r\n"
+    if framing == "chunked":
+        request = head + "Transfer-Encoding: chunked\r\n\r\n40\r\n" + "x" * 10
+    else:
+        request = head + "Content-Length: 100\r\n\r\n" + "x" * 10
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request.encode())
+        conn.shutdown(socket.SHUT_WR)  # the client is gone: no more bytes will come
+        assert conn.recv(1024) == b"", "the proxy answered a request it never had whole"
+    S3Store(bucket, "p", endpoint_url=proxy.url).put("l/whole", b"whole")
+    assert all_objects(bucket) == {"p/l/whole": b"whole"}
+
+
 def test_retrying_store_survives_the_fault_mix(moto: str, bucket: str, proxy: FaultProxy) -> None:
     """A third of all requests fail in every way the proxy knows; every object arrives intact."""
     proxy.delay = 0.05
