@@ -273,7 +273,7 @@ class Chunks:
             base = self.cache.peek(root)
             if base is None:
                 try:
-                    base = self._get_and_open(root, as_base=True)
+                    base = self._get_base(root)
                 except SealfsError as exc:
                     log.info("chunk %s not used as a base: %s", chunk_name(root), exc)
                     continue
@@ -465,30 +465,37 @@ class Chunks:
         self.uploaded_bytes += sum(r.stored_size for r in results)
         return results
 
-    def _get_and_open(self, chunk_id: bytes, *, as_base: bool = False) -> bytes:
+    def _get_and_open(self, chunk_id: bytes) -> tuple[bytes, tuple[bytes, bytes] | None]:
         """Worker thread: the plaintext of a chunk, read with its base if it is stored as
-        a difference. as_base: the chunk is another's base, which must be whole.
+        a difference, and (base id, base plaintext) if the base was fetched for it.
 
+        The caller caches the base too: every later version of a region is a difference
+        from the same whole chunk, so reading two versions, or a version and the one it
+        replaced, fetched that base from the store for each.
         A chunk whose base is missing or damaged cannot be read either, and is marked
         so (_unusable): writing its bytes again stores them whole.
         """
         opened = self._get_opened(chunk_id)
         if not isinstance(opened, _Delta):
-            return opened
-        if as_base:
-            raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")
-        return self._undelta(chunk_id, opened)
-
-    def _undelta(self, chunk_id: bytes, delta: _Delta) -> bytes:
-        """Worker thread: the plaintext of a chunk stored as delta, read with its base."""
+            return opened, None
         try:
-            base = self.cache.peek(delta.base) or self._get_and_open(delta.base, as_base=True)
-            return decompress_delta(delta.frame, base, MAX_CHUNK)
+            cached = self.cache.peek(opened.base)
+            base = cached or self._get_base(opened.base)
+            fetched = None if cached else (opened.base, base)
+            return decompress_delta(opened.frame, base, MAX_CHUNK), fetched
         except (ObjectNotFoundError, IntegrityError, FormatError) as exc:
-            if delta.base in self._unusable or isinstance(exc, FormatError):
+            if opened.base in self._unusable or isinstance(exc, FormatError):
                 self._unusable.add(chunk_id)
             name = chunk_name(chunk_id)
             raise type(exc)(f"chunk {name}, stored as a difference: {exc}") from None
+
+    def _get_base(self, chunk_id: bytes) -> bytes:
+        """Worker thread: the plaintext of a chunk another is a difference from, which
+        must be stored whole (a base is never itself a difference)."""
+        opened = self._get_opened(chunk_id)
+        if isinstance(opened, _Delta):
+            raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")
+        return opened
 
     def _get_opened(self, chunk_id: bytes) -> bytes | _Delta:
         name = chunk_name(chunk_id)
@@ -542,7 +549,7 @@ class Chunks:
             raise StoreUnavailableError(str(gave_up[1]))
         done = self._inflight[chunk_id] = trio.Event()
         try:
-            data = await trio.to_thread.run_sync(
+            plaintext, base = await trio.to_thread.run_sync(
                 self._get_and_open, chunk_id, limiter=self._limiter
             )
         except StoreUnavailableError as exc:
@@ -551,9 +558,11 @@ class Chunks:
             self._gave_up[chunk_id] = (now, exc)
             raise
         else:
-            self.cache.put(chunk_id, data)
+            if base is not None:
+                self.cache.put(*base)
+            self.cache.put(chunk_id, plaintext)
             self._gave_up.pop(chunk_id, None)
-            return data
+            return plaintext
         finally:
             del self._inflight[chunk_id]
             done.set()

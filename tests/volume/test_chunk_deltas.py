@@ -183,6 +183,27 @@ async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
         assert await read_file(volume, b"new") == new
 
 
+async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
+    volume_store: MemoryStore,
+) -> None:
+    """Every later version of a region is a difference from the same whole chunk: once a
+    read has fetched it, reading another version (or the base's own file) needs no
+    second fetch. The store's copy is deleted after the first read to show it."""
+    v1 = b"".join(records(10, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v1[:70_000] + b"changed later" + v1[70_000:]
+    async with mounted(volume_store) as volume:
+        base, _ = await base_and_difference(volume, v1, v2)
+        await write_file(volume, b"v3", v3)
+        await volume.fsync()
+        assert volume.meta.chunks[file_chunks(volume, b"v3")[0]].base == base
+    async with mounted(volume_store) as volume:
+        assert await read_file(volume, b"new") == v2
+        volume_store.delete(chunk_name(base))
+        assert await read_file(volume, b"v3") == v3
+        assert await read_file(volume, b"old") == v1
+
+
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
 async def test_a_damaged_base_written_again_is_stored_whole_and_its_differences_read(
     volume_store: MemoryStore, damage: str
