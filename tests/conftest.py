@@ -25,6 +25,7 @@ import trio
 
 from sealfs.keys.kdf import Argon2Params
 from sealfs.keys.slots import Passphrase
+from sealfs.meta.codec import SEGMENT_PREFIX
 from sealfs.store.base import ObjectStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.engine import Volume
@@ -60,6 +61,42 @@ def kdf_params() -> Argon2Params:
 @pytest.fixture
 def memory_store() -> ObjectStore:
     return MemoryStore()
+
+
+class PowerCutStore(MemoryStore):
+    """What a local store keeps through a power cut: an object put reaches the disk at
+    the next sync of the process that put it, or that found it there when putting it
+    create-only (sealfs.store.local, _create_only). Also notes each segment created
+    while chunks were unsynced: a cut could keep the segment and lose its chunks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsynced: set[str] = set()
+        self.early_segments: list[str] = []
+        self._mine: set[str] = set()
+
+    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
+        self._mine.add(name)
+        super().put(name, data, replace=replace)
+        self.unsynced.add(name)
+
+    def put_if_absent(self, name: str, data: bytes) -> None:
+        if name.startswith(SEGMENT_PREFIX) and any(n.startswith("c/") for n in self.unsynced):
+            self.early_segments.append(name)
+        super().put_if_absent(name, data)
+        self._mine.add(name)
+        self.unsynced.add(name)
+
+    def sync(self) -> None:
+        super().sync()
+        self.unsynced -= self._mine
+        self._mine.clear()
+
+    def cut_power(self) -> None:
+        for name in self.unsynced:
+            self.delete(name)
+        self.unsynced.clear()
+        self._mine.clear()
 
 
 VolumeFactory = Callable[..., Any]

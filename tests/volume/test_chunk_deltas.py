@@ -14,7 +14,7 @@ from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from tests.checkpoints import edited, records
-from tests.conftest import PASSPHRASE, RECOVERY_KEY, mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, PowerCutStore, mounted
 from tests.volume.test_chunks import damage_object, read_file, write_file
 from tests.volume.test_rekey import check_rekeyed, start_rekey
 
@@ -235,33 +235,6 @@ async def test_a_damaged_base_written_again_is_stored_whole_and_its_differences_
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         for name, data in ((b"old", v1), (b"new", v2), (b"v3", v3), (b"v4", v4)):
             assert await read_file(volume, name) == data, name
-
-
-class PowerCutStore(MemoryStore):
-    """What a local store keeps through a power cut: an object put reaches the disk at
-    the next sync of the process that put it, or that found it there when putting it
-    create-only (sealfs.store.local, _create_only)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.unsynced: set[str] = set()
-        self._mine: set[str] = set()
-
-    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
-        self._mine.add(name)
-        super().put(name, data, replace=replace)
-        self.unsynced.add(name)
-
-    def sync(self) -> None:
-        super().sync()
-        self.unsynced -= self._mine
-        self._mine.clear()
-
-    def cut_power(self) -> None:
-        for name in self.unsynced:
-            self.delete(name)
-        self.unsynced.clear()
-        self._mine.clear()
 
 
 async def crashed_before_recording(

@@ -43,7 +43,7 @@ from sealfs.volume import committer, filedata
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.loader import check_writer, claim_writer, create_volume, open_volume
 from sealfs.volume.options import VolumeOptions
-from tests.conftest import PASSPHRASE, RECOVERY_KEY, WrappedStore, mounted
+from tests.conftest import PASSPHRASE, RECOVERY_KEY, PowerCutStore, WrappedStore, mounted
 from tests.volume.test_engine import (
     GID,
     RW,
@@ -246,34 +246,10 @@ async def test_an_fsync_while_a_commit_waits_for_an_early_flush_joins_that_commi
     assert b"checkpoint" in load(memory_store).inodes[ROOT_INO].entries  # type: ignore[operator]
 
 
-class UnsyncedStore(MemoryStore):
-    """A memory store that tracks what a power cut could still lose: the objects written
-    since its last sync, and each segment created while chunks were among them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.unsynced: set[str] = set()
-        self.early_segments: list[str] = []
-
-    def put(self, name: str, data: bytes, *, replace: bool = True) -> None:
-        super().put(name, data, replace=replace)
-        self.unsynced.add(name)
-
-    def put_if_absent(self, name: str, data: bytes) -> None:
-        if name.startswith(SEGMENT_PREFIX) and any(n.startswith("c/") for n in self.unsynced):
-            self.early_segments.append(name)
-        super().put_if_absent(name, data)
-        self.unsynced.add(name)
-
-    def sync(self) -> None:
-        super().sync()
-        self.unsynced.clear()
-
-
 async def test_a_commit_syncs_chunks_before_its_segment_and_the_segment_before_fsync_returns(
     kdf_params: Argon2Params,
 ) -> None:
-    store = UnsyncedStore()
+    store = PowerCutStore()
     create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     async with session(store, **QUIET) as v:
         big = await mkfile(v, ROOT_INO, b"big", os.urandom(300_000))
