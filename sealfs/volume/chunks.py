@@ -469,9 +469,10 @@ class Chunks:
         """Worker thread: the plaintext of a chunk, read with its base if it is stored as
         a difference, and (base id, base plaintext) if the base was fetched for it.
 
-        The caller caches the base too: every later version of a region is a difference
-        from the same whole chunk, so reading two versions, or a version and the one it
-        replaced, fetched that base from the store for each.
+        The caller caches the base too. The versions of a region are differences from
+        the same whole chunk until one no longer pays: an agent that reads its last
+        checkpoint and writes the next compresses against the bases that read fetched
+        (else one GET each on S3), and reading two versions fetched each base twice.
         A chunk whose base is missing or damaged cannot be read either, and is marked
         so (_unusable): writing its bytes again stores them whole.
         """
@@ -549,7 +550,7 @@ class Chunks:
             raise StoreUnavailableError(str(gave_up[1]))
         done = self._inflight[chunk_id] = trio.Event()
         try:
-            plaintext, base = await trio.to_thread.run_sync(
+            plaintext, fetched = await trio.to_thread.run_sync(
                 self._get_and_open, chunk_id, limiter=self._limiter
             )
         except StoreUnavailableError as exc:
@@ -558,8 +559,8 @@ class Chunks:
             self._gave_up[chunk_id] = (now, exc)
             raise
         else:
-            if base is not None:
-                self.cache.put(*base)
+            if fetched is not None:
+                self.cache.put(*fetched)  # the base first: the chunk is the newer use
             self.cache.put(chunk_id, plaintext)
             self._gave_up.pop(chunk_id, None)
             return plaintext
