@@ -204,6 +204,39 @@ async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
         assert await read_file(volume, b"old") == v1
 
 
+class GetLogStore(MemoryStore):
+    """A memory store that notes the name of every object read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: list[str] = []
+
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        self.got.append(name)
+        return super().get(name, max_size)
+
+
+async def test_the_next_checkpoint_compresses_against_the_bases_its_read_fetched(
+    kdf_params: Argon2Params,
+) -> None:
+    """The agent's round: read the last checkpoint (a difference), write the next. The
+    write finds its base in the plaintext cache instead of fetching it again."""
+    store = GetLogStore()
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    v1 = b"".join(records(11, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v2[:80_000] + b"changed next" + v2[80_000:]
+    async with mounted(store) as volume:
+        base, _ = await base_and_difference(volume, v1, v2)
+    async with mounted(store) as volume:
+        assert await read_file(volume, b"new") == v2
+        store.got.clear()
+        await write_file(volume, b"next", v3)
+        await volume.fsync()
+        assert volume.meta.chunks[file_chunks(volume, b"next")[0]].base == base
+        assert chunk_name(base) not in store.got
+
+
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
 async def test_a_damaged_base_written_again_is_stored_whole_and_its_differences_read(
     volume_store: MemoryStore, damage: str
