@@ -475,6 +475,20 @@ def test_a_put_whose_client_dies_mid_body_stores_nothing_through_the_proxy(
     assert all_objects(bucket) == {"p/l/whole": b"whole"}
 
 
+def test_a_whole_chunked_put_goes_through_the_proxy(bucket: str, proxy: FaultProxy) -> None:
+    """The other side of the test above: a chunked body that ends as HTTP says (the last
+    chunk, a trailer, the blank line) is forwarded whole."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    request = (
+        f"PUT /{bucket}/p/l/whole HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n"
+        "\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request.encode())
+        assert conn.recv(1024).startswith(b"HTTP/1.1 200 ")
+    assert all_objects(bucket) == {"p/l/whole": b"hello world"}
+
+
 def test_retrying_store_survives_the_fault_mix(moto: str, bucket: str, proxy: FaultProxy) -> None:
     """A third of all requests fail in every way the proxy knows; every object arrives intact."""
     proxy.delay = 0.05
