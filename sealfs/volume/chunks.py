@@ -297,9 +297,9 @@ class Chunks:
         replace: bool,
     ) -> tuple[bytes, int]:
         """Put a chunk, keeping one already under its name unless it is known damaged.
-        Returns the base of the copy the store holds now (sealed's is base) and the
-        size put: a copy kept may be a difference where sealed is whole, or the other
-        way round. A copy replaced is replaced whole (sealed_whole), as a damaged
+        Returns the base of the copy the store holds now (sealed's is base) and its
+        size: a copy kept may be a difference where sealed is whole, or the other way
+        round. A copy replaced is replaced whole (sealed_whole), as a damaged
         chunk written again is: differences found later may name it as their base.
 
         The name says what the chunk holds, so an object found there is this chunk
@@ -316,45 +316,53 @@ class Chunks:
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
-            why, kept_base = self._unfit(cid, name, known)
+            why, kept_base, kept_size = self._unfit(cid, name, known)
             if why is None:
-                return kept_base, len(sealed)
+                return kept_base, kept_size
             log.info("chunk %s in the store %s: replaced", name, why)
             if base:
                 sealed, base = sealed_whole(), b""
             self._store.put(name, sealed)
         return base, len(sealed)
 
-    def _unfit(self, cid: bytes, name: str, known: Container[bytes]) -> tuple[str | None, bytes]:
+    def _unfit(
+        self, cid: bytes, name: str, known: Container[bytes]
+    ) -> tuple[str | None, bytes, int]:
         """Why the store's own copy of chunk name cannot stand for this writer's (or None),
-        and that copy's base (b"" if it is whole, or could not be opened).
+        that copy's base (b"" if it is whole, or could not be opened) and its size."""
+        why, found, opened = self._open_found(cid, name)
+        if why is None and isinstance(opened, _Delta):
+            why = self._unfit_difference(opened, known)
+            if why is None:
+                return None, opened.base, len(found)
+        return why, b"", len(found)
 
-        A copy stored as a difference is kept only if its base, as the store holds
-        it, is whole and the difference decodes against it: a plaintext in the cache
-        says neither. A base that no known chunk is was put by a writer that may
-        have died before its sync, so it is put again, create-only: that makes this
-        writer's next sync flush it (sealfs.store.local). Replacing the copy instead
-        is no answer: it may be the committed chunk of a writer that took the volume
-        over, whose base this writer never saw.
+    def _unfit_difference(self, delta: _Delta, known: Container[bytes]) -> str | None:
+        """Why a copy found stored as a difference cannot stand (or None).
+
+        It is kept only if its base, as the store holds it, is whole and the
+        difference decodes against it: a plaintext in the cache says neither. A base
+        that no known chunk is was put by a writer that may have died before its
+        sync, so it is put again, create-only: that makes this writer's next sync
+        flush it (sealfs.store.local). Replacing the copy instead is no answer: it
+        may be the committed chunk of a writer that took the volume over, whose base
+        this writer never saw.
         """
-        why, _, opened = self._open_found(cid, name)
-        if why is not None or not isinstance(opened, _Delta):
-            return why, b""
-        base_name = chunk_name(opened.base)
-        why, found_base, base = self._open_found(opened.base, base_name)
+        base_name = chunk_name(delta.base)
+        why, found_base, base = self._open_found(delta.base, base_name)
         if why is not None:
-            return f"names as its base {base_name}, which {why}", b""
+            return f"names as its base {base_name}, which {why}"
         if isinstance(base, _Delta):
-            return f"names as its base {base_name}, itself a difference", b""
+            return f"names as its base {base_name}, itself a difference"
         if base is not None:  # else another writer's rekey re-sealed it: kept as it is
             try:
-                decompress_delta(opened.frame, base, MAX_CHUNK)
+                decompress_delta(delta.frame, base, MAX_CHUNK)
             except FormatError as exc:
-                return f"does not decode against its base {base_name} ({exc})", b""
-            if opened.base not in known:
+                return f"does not decode against its base {base_name} ({exc})"
+            if delta.base not in known:
                 with contextlib.suppress(ObjectExistsError):
                     self._store.put(base_name, found_base, replace=False)
-        return None, opened.base
+        return None
 
     def _open_found(self, cid: bytes, name: str) -> tuple[str | None, bytes, bytes | _Delta | None]:
         """(why it is unfit or None, its sealed bytes, what it opens to) for the store's
