@@ -124,6 +124,12 @@ class MetaState:
         """Whether a row names chunk_id as its base. Safe to call from a worker thread."""
         return chunk_id in self.bases
 
+    def base_of(self, chunk_id: bytes) -> bytes:
+        """The base chunk_id's row names (b"" if it is whole or has no row). Safe to
+        call from a worker thread."""
+        row = self.chunks.get(chunk_id)
+        return row.base if row is not None else b""
+
     def similar_roots(self, features: bytes) -> list[bytes]:
         """The chunks a chunk with these features may be stored as a difference from
         (FeatureIndex.roots), each a whole chunk of the table: a read of a difference

@@ -21,7 +21,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -173,6 +173,22 @@ def small_batch_size(count: int, workers: int) -> int:
     return max(1, min(SMALL_BATCH, -(-count // max(1, workers))))
 
 
+class ChunkTable(Protocol):
+    """What the chunk side asks of the chunk table (MetaState), from worker threads."""
+
+    def similar_roots(self, features: bytes) -> list[bytes]:
+        """The whole chunks a new chunk with these features may be a difference from."""
+        ...
+
+    def is_base(self, chunk_id: bytes) -> bool:
+        """Whether a row names chunk_id as its base."""
+        ...
+
+    def base_of(self, chunk_id: bytes) -> bytes:
+        """The base chunk_id's row names (b"" if it is whole or has no row)."""
+        ...
+
+
 class Chunks:
     """The chunk side of the data path for one unlocked volume."""
 
@@ -182,16 +198,11 @@ class Chunks:
         volume_id: bytes,
         keys: KeyRing,
         limiter: trio.CapacityLimiter,
-        similar_roots: Callable[[bytes], list[bytes]],
-        is_base: Callable[[bytes], bool],
+        table: ChunkTable,
         cache_bytes: int = 64 << 20,
     ) -> None:
-        """similar_roots: the chunks a new chunk with these features may be stored as a
-        difference from (MetaState.similar_roots); is_base: whether a chunk is named as
-        a base (MetaState.is_base). Both are called in worker threads."""
         self._store = store
-        self._similar_roots = similar_roots
-        self._is_base = is_base
+        self._table = table
         self._volume_id = volume_id
         self._keys = keys
         self._limiter = limiter
@@ -226,11 +237,15 @@ class Chunks:
         """
         with self._keys.sealing() as (epoch, keys):
             cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
-            if cid in known and cid not in self._unusable:
+            # A difference whose base a read found damaged is as unreadable as a damaged
+            # chunk: deduplicated, a restored file used it again (each version of a
+            # region is a difference from the same base).
+            replace = cid in self._unusable or self._table.base_of(cid) in self._unusable
+            if cid in known and not replace:
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             features = similarity_features(keys.chunk_id_key, plaintext)
-            replace = cid in self._unusable
-            if replace or self._is_base(cid):
+            whole = replace or self._table.is_base(cid)
+            if whole:
                 # Written again over a damaged copy, it may be the base of differences
                 # stored meanwhile, which it repairs; a base with no row (named by a
                 # difference kept from another writer) may be missing. A base is
@@ -247,7 +262,7 @@ class Chunks:
 
             base, stored_size = self._put_new(
                 cid, sealed_as(payload, flags), base, known,
-                lambda: sealed_as(*_whole(plaintext)), replace=replace,
+                lambda: sealed_as(*_whole(plaintext)), replace=replace, whole=whole,
             )  # fmt: skip
         self._unusable.discard(cid)
         # Recorded in the chunk table even where _put_new kept the store's copy: the
@@ -267,7 +282,7 @@ class Chunks:
         (_unusable).
         """
         alone: tuple[bytes | memoryview, int] | None = None
-        for root in self._similar_roots(features) if features else []:
+        for root in self._table.similar_roots(features) if features else []:
             if root == cid or root in self._unusable:
                 continue
             base = self.cache.peek(root)
@@ -295,12 +310,14 @@ class Chunks:
         sealed_whole: Callable[[], bytes],
         *,
         replace: bool,
+        whole: bool,
     ) -> tuple[bytes, int]:
         """Put a chunk, keeping one already under its name unless it is known damaged.
         Returns the base of the copy the store holds now (sealed's is base) and its
         size: a copy kept may be a difference where sealed is whole, or the other way
         round. A copy replaced is replaced whole (sealed_whole), as a damaged
         chunk written again is: differences found later may name it as their base.
+        whole: the chunk must be stored whole (a base), and a difference found is unfit.
 
         The name says what the chunk holds, so an object found there is this chunk
         sealed by another: a commit that crashed before its segment, or the writer
@@ -316,7 +333,7 @@ class Chunks:
         try:
             self._store.put(name, sealed, replace=replace)
         except ObjectExistsError:
-            why, kept_base, kept_size = self._unfit(cid, name, known)
+            why, kept_base, kept_size = self._unfit(cid, name, known, whole=whole)
             if why is None:
                 return kept_base, kept_size
             log.info("chunk %s in the store %s: replaced", name, why)
@@ -326,13 +343,17 @@ class Chunks:
         return base, len(sealed)
 
     def _unfit(
-        self, cid: bytes, name: str, known: Container[bytes]
+        self, cid: bytes, name: str, known: Container[bytes], *, whole: bool
     ) -> tuple[str | None, bytes, int]:
         """Why the store's own copy of chunk name cannot stand for this writer's (or None),
         that copy's base (b"" if it is whole, or could not be opened) and its size."""
         why, found, opened = self._open_found(cid, name)
         if why is None and isinstance(opened, _Delta):
-            why = self._unfit_difference(opened, known)
+            why = (
+                "is a difference, where this chunk is a base"
+                if whole
+                else self._unfit_difference(opened, known)
+            )
             if why is None:
                 return None, opened.base, len(found)
         return why, b"", len(found)

@@ -101,8 +101,7 @@ class Volume:
             loaded.volume_id,
             loaded.keys,
             self._limiter,
-            self.meta.similar_roots,
-            self.meta.is_base,
+            self.meta,
             options.chunk_cache_bytes,
         )
         self._chunker = Chunker(loaded.keys.current.chunker_seed)

@@ -5,7 +5,14 @@ import os
 import pytest
 import trio
 
-from sealfs.crypto.envelope import FLAG_DELTA, read_envelope_epoch
+from sealfs.chunking.compress import compress_delta
+from sealfs.crypto.envelope import (
+    FLAG_DELTA,
+    ObjectKind,
+    chunk_binding,
+    read_envelope_epoch,
+    seal_object,
+)
 from sealfs.errors import FencedError, IntegrityError, ObjectNotFoundError
 from sealfs.keys.kdf import Argon2Params
 from sealfs.meta.model import ROOT_INO
@@ -202,6 +209,71 @@ async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
         volume_store.delete(chunk_name(base))
         assert await read_file(volume, b"v3") == v3
         assert await read_file(volume, b"old") == v1
+
+
+@pytest.mark.parametrize("damage", ["missing", "tampered"])
+async def test_a_difference_from_a_base_found_damaged_is_not_deduplicated_again(
+    volume_store: MemoryStore, damage: str
+) -> None:
+    """Two versions of a region are differences from the same base. A read of one finds
+    the base damaged; writing the other version's bytes (a restore from a backup)
+    must store them whole, not use the difference again, which cannot be read."""
+    v1 = b"".join(records(12, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v1[:70_000] + b"changed later" + v1[70_000:]
+    async with mounted(volume_store) as volume:
+        base, d2 = await base_and_difference(volume, v1, v2)
+        await write_file(volume, b"v3", v3)
+        await volume.fsync()
+    damage_object(volume_store, chunk_name(base), damage)
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        with pytest.raises((ObjectNotFoundError, IntegrityError)):
+            await read_file(volume, b"v3")
+        await write_file(volume, b"restored", v2)
+        await volume.fsync()
+        assert volume.meta.chunks[d2].base == b""
+    assert flags_of(volume_store, d2) != FLAG_DELTA
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"restored") == v2
+        assert await read_file(volume, b"new") == v2  # the same chunk, whole now
+
+
+def seal_as_difference(volume: Volume, cid: bytes, plaintext: bytes, root: bytes) -> bytes:
+    """Chunk cid (holding plaintext) sealed as a difference from chunk root, whole in
+    the table: what a writer that did not know cid as a base could have put."""
+    root_plain = volume.chunks.cache.peek(root)
+    assert root_plain is not None
+    frame = compress_delta(plaintext, root_plain)
+    binding = chunk_binding(volume.chunks._volume_id, cid)
+    with volume.chunks._keys.sealing() as (epoch, keys):
+        return seal_object(
+            keys.chunk_key, ObjectKind.CHUNK, binding, root + frame, flags=FLAG_DELTA, epoch=epoch
+        )
+
+
+async def test_a_base_found_in_the_store_as_a_difference_is_replaced_whole(
+    volume_store: MemoryStore,
+) -> None:
+    """A base must be whole: its differences are read with it and nothing more. A base
+    without a row (kept_with_a_base_without_a_row) found as a sound difference was
+    kept, and the file using its difference read FormatError from then on."""
+    v1 = b"".join(records(14, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    other = os.urandom(100_000)
+    base = await kept_with_a_base_without_a_row(volume_store, v1, v2)
+    async with mounted(volume_store) as volume:
+        await write_file(volume, b"other", other)
+        await volume.fsync()
+        (root,) = file_chunks(volume, b"other")
+        assert await read_file(volume, b"other") == other
+        volume_store.put(chunk_name(base), seal_as_difference(volume, base, v1, root))
+        await write_file(volume, b"again", v1)
+        await volume.fsync()
+        assert volume.meta.chunks[base].base == b""
+    assert flags_of(volume_store, base) != FLAG_DELTA
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == v2
+        assert await read_file(volume, b"again") == v1
 
 
 class GetLogStore(MemoryStore):
