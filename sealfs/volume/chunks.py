@@ -289,6 +289,8 @@ class Chunks:
             if base is None:
                 try:
                     base = self._get_base(root)
+                except StoreUnavailableError:
+                    raise  # the put would wait out the store timeout as well
                 except SealfsError as exc:
                     log.info("chunk %s not used as a base: %s", chunk_name(root), exc)
                     continue
@@ -503,21 +505,30 @@ class Chunks:
         checkpoint and writes the next compresses against the bases that read fetched
         (else one GET each on S3), and reading two versions fetched each base twice.
         A chunk whose base is missing or damaged cannot be read either, and is marked
-        so (_unusable): writing its bytes again stores them whole.
+        so (_unusable): writing its bytes again stores them whole. A copy of the
+        difference in a disk cache is dropped and the store asked again first: the
+        store may hold the chunk whole by now, repaired by another mount, while the
+        cached difference still opens.
         """
-        opened = self._get_opened(chunk_id)
-        if not isinstance(opened, _Delta):
-            return opened, None
-        try:
-            cached = self.cache.peek(opened.base)
-            base = cached or self._get_base(opened.base)
-            fetched = None if cached else (opened.base, base)
-            return decompress_delta(opened.frame, base, MAX_CHUNK), fetched
-        except (ObjectNotFoundError, IntegrityError, FormatError) as exc:
-            if opened.base in self._unusable or isinstance(exc, FormatError):
-                self._unusable.add(chunk_id)
-            name = chunk_name(chunk_id)
-            raise type(exc)(f"chunk {name}, stored as a difference: {exc}") from None
+        discard: Callable[[str], None] | None = getattr(self._store, "discard", None)
+        while True:
+            opened = self._get_opened(chunk_id)
+            if not isinstance(opened, _Delta):
+                return opened, None
+            try:
+                cached = self.cache.peek(opened.base)
+                base = cached or self._get_base(opened.base)
+                fetched = None if cached else (opened.base, base)
+                return decompress_delta(opened.frame, base, MAX_CHUNK), fetched
+            except (ObjectNotFoundError, IntegrityError, FormatError) as exc:
+                if discard is not None:
+                    discard(chunk_name(chunk_id))
+                    discard = None  # once: the store's own copy is the last word
+                    continue
+                if opened.base in self._unusable or isinstance(exc, FormatError):
+                    self._unusable.add(chunk_id)
+                name = chunk_name(chunk_id)
+                raise type(exc)(f"chunk {name}, stored as a difference: {exc}") from None
 
     def _get_base(self, chunk_id: bytes) -> bytes:
         """Worker thread: the plaintext of a chunk another is a difference from, which

@@ -1,6 +1,7 @@
 """Chunks stored as a difference from a similar chunk (sealfs.volume.chunks)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,9 +14,16 @@ from sealfs.crypto.envelope import (
     read_envelope_epoch,
     seal_object,
 )
-from sealfs.errors import FencedError, IntegrityError, ObjectNotFoundError
+from sealfs.errors import (
+    FencedError,
+    IntegrityError,
+    ObjectNotFoundError,
+    StoreUnavailableError,
+)
 from sealfs.keys.kdf import Argon2Params
 from sealfs.meta.model import ROOT_INO
+from sealfs.store.cache import CachingStore
+from sealfs.store.faults import FaultyStore
 from sealfs.store.memory import MemoryStore
 from sealfs.volume.chunks import chunk_name
 from sealfs.volume.engine import Volume
@@ -236,6 +244,52 @@ async def test_a_difference_from_a_base_found_damaged_is_not_deduplicated_again(
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         assert await read_file(volume, b"restored") == v2
         assert await read_file(volume, b"new") == v2  # the same chunk, whole now
+
+
+async def test_a_difference_cached_on_disk_gives_way_to_the_chunk_repaired_in_the_store(
+    volume_store: MemoryStore, tmp_path: Path
+) -> None:
+    """Another mount (a follower, or this volume mounted from another host) holds a
+    chunk's difference in its disk cache, but not the base, which is damaged. A
+    writer repairs the chunk by writing its bytes again: stored whole now. The
+    cached difference still opens, and read alone it made the file unreadable on
+    that host until its cache was cleared."""
+    v1 = b"".join(records(13, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    async with mounted(volume_store) as volume:
+        base, delta = await base_and_difference(volume, v1, v2)
+    cached = CachingStore(volume_store, tmp_path / "cache", 64 << 20)
+    cached.get(chunk_name(delta))  # the other host read the file once, its base since evicted
+    volume_store.delete(chunk_name(base))
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:  # the writer repairs it
+        with pytest.raises(ObjectNotFoundError):
+            await read_file(volume, b"new")
+        await write_file(volume, b"copy", v2)
+        await volume.fsync()
+    async with mounted(cached, read_only=True, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == v2
+    assert flags_of(volume_store, delta) != FLAG_DELTA
+
+
+async def test_an_unreachable_store_fails_a_difference_at_its_base_without_a_put(
+    volume_store: MemoryStore,
+) -> None:
+    """Each request to a store that stopped answering waits out --store-timeout. The base's
+    read giving up is the chunk's failure: passed over, the chunk was stored whole,
+    and its put waited out the timeout again (twice more with a second base)."""
+    old = b"".join(records(15, 1200))
+    faulty = FaultyStore(volume_store)
+    async with mounted(faulty, chunk_cache_bytes=0, commit_interval=3600.0) as volume:
+        await write_file(volume, b"old", old)
+        await volume.fsync()
+        faulty.add_rule("get", "c/", "unavailable")
+        faulty.add_rule("put", "c/", "unavailable")
+        await write_file(volume, b"new", old[:1000] + b"changed" + old[1000:])
+        with pytest.raises(StoreUnavailableError):
+            await volume.fsync()
+        assert [(method, fault) for method, _, fault in faulty.injected] == [("get", "unavailable")]
+        faulty.clear()
+        await volume.fsync()
 
 
 def seal_as_difference(volume: Volume, cid: bytes, plaintext: bytes, root: bytes) -> bytes:
