@@ -237,14 +237,17 @@ class Chunks:
         """
         with self._keys.sealing() as (epoch, keys):
             cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
-            # A difference whose base a read found damaged is as unreadable as a damaged
-            # chunk: deduplicated, a restored file used it again (each version of a
-            # region is a difference from the same base).
-            replace = cid in self._unusable or self._table.base_of(cid) in self._unusable
-            if cid in known and not replace:
+            replace = cid in self._unusable
+            # A difference whose base a read found damaged is as unreadable: deduplicated,
+            # a restored file used it again (each version of a region is a difference
+            # from the same base). Its copy was never read here, so it is put
+            # create-only, and replaced only if found still a difference (whole, or
+            # re-sealed by a writer that took over, it stands).
+            base_damaged = self._table.base_of(cid) in self._unusable
+            if cid in known and not (replace or base_damaged):
                 return StoredChunk(cid, len(plaintext), 0, uploaded=False)
             features = similarity_features(keys.chunk_id_key, plaintext)
-            whole = replace or self._table.is_base(cid)
+            whole = replace or base_damaged or self._table.is_base(cid)
             if whole:
                 # Written again over a damaged copy, it may be the base of differences
                 # stored meanwhile, which it repairs; a base with no row (named by a
@@ -278,8 +281,9 @@ class Chunks:
         Each feature names the chunk stored last with it, and they may disagree:
         a file that begins like one and ends like another. The second is tried
         only if the first gives no difference worth keeping. A base that cannot
-        be read is passed over, and one found damaged is not offered again
-        (_unusable).
+        be read is passed over (an unreachable store fails the chunk instead: its
+        put would wait out the store timeout again), and one found damaged is not
+        offered again (_unusable).
         """
         alone: tuple[bytes | memoryview, int] | None = None
         for root in self._table.similar_roots(features) if features else []:
@@ -319,7 +323,7 @@ class Chunks:
         size: a copy kept may be a difference where sealed is whole, or the other way
         round. A copy replaced is replaced whole (sealed_whole), as a damaged
         chunk written again is: differences found later may name it as their base.
-        whole: the chunk must be stored whole (a base), and a difference found is unfit.
+        whole: the chunk must be stored whole, and a difference found is unfit.
 
         The name says what the chunk holds, so an object found there is this chunk
         sealed by another: a commit that crashed before its segment, or the writer
@@ -352,7 +356,7 @@ class Chunks:
         why, found, opened = self._open_found(cid, name)
         if why is None and isinstance(opened, _Delta):
             why = (
-                "is a difference, where this chunk is a base"
+                "is a difference, where this chunk must be whole"
                 if whole
                 else self._unfit_difference(opened, known)
             )

@@ -246,6 +246,34 @@ async def test_a_difference_from_a_base_found_damaged_is_not_deduplicated_again(
         assert await read_file(volume, b"new") == v2  # the same chunk, whole now
 
 
+async def test_a_whole_copy_found_of_a_difference_from_a_damaged_base_stands(
+    volume_store: MemoryStore,
+) -> None:
+    """This mount never read the difference itself, only its base: its copy may have been
+    repaired meanwhile by a writer that took the volume over (whose rekey may seal
+    it under a key this writer lacks). Written again, the chunk is put create-only,
+    and a whole copy found stands."""
+    v1 = b"".join(records(16, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v1[:70_000] + b"changed later" + v1[70_000:]
+    async with mounted(volume_store) as volume:
+        base, d2 = await base_and_difference(volume, v1, v2)
+        await write_file(volume, b"v3", v3)
+        await volume.fsync()
+    damage_object(volume_store, chunk_name(base), "missing")
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        with pytest.raises(ObjectNotFoundError):
+            await read_file(volume, b"v3")
+        repaired = seal_whole(volume, d2, v2)
+        volume_store.put(chunk_name(d2), repaired)  # by the writer that took over
+        await write_file(volume, b"restored", v2)
+        await volume.fsync()
+        assert volume.meta.chunks[d2].base == b""
+    assert volume_store.get(chunk_name(d2)) == repaired
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"restored") == v2
+
+
 async def test_a_difference_cached_on_disk_gives_way_to_the_chunk_repaired_in_the_store(
     volume_store: MemoryStore, tmp_path: Path
 ) -> None:
@@ -290,6 +318,13 @@ async def test_an_unreachable_store_fails_a_difference_at_its_base_without_a_put
         assert [(method, fault) for method, _, fault in faulty.injected] == [("get", "unavailable")]
         faulty.clear()
         await volume.fsync()
+
+
+def seal_whole(volume: Volume, cid: bytes, plaintext: bytes) -> bytes:
+    """Chunk cid (holding plaintext) sealed whole under the volume's current key."""
+    binding = chunk_binding(volume.chunks._volume_id, cid)
+    with volume.chunks._keys.sealing() as (epoch, keys):
+        return seal_object(keys.chunk_key, ObjectKind.CHUNK, binding, plaintext, epoch=epoch)
 
 
 def seal_as_difference(volume: Volume, cid: bytes, plaintext: bytes, root: bytes) -> bytes:
