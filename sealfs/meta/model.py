@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 
 from sealfs.meta.extents import ExtentMap
-from sealfs.meta.similar import FeatureIndex
+from sealfs.meta.similar import DEFAULT_LIMIT, FeatureIndex
 
 ROOT_INO = 1
 
@@ -86,8 +86,9 @@ class MetaState:
     # The sum of the chunks' stored sizes, kept by put_chunk and set_chunks so that
     # statfs need not add up a million rows on the FUSE loop each time df asks.
     chunks_stored_bytes: int = 0
-    # The features of the chunk table's newest rows (sealfs.meta.similar).
-    similar: FeatureIndex = field(default_factory=FeatureIndex)
+    # The features of the chunk table's newest rows (sealfs.meta.similar), kept by a
+    # writer only (index_features).
+    similar: FeatureIndex | None = None
     # The chunks that rows name as their base: written again, such a chunk must be stored
     # whole, whether or not it has a row (a difference kept from another writer names
     # a base that may have none).
@@ -106,16 +107,27 @@ class MetaState:
         self._index(chunk_id, info)
 
     def set_chunks(self, table: dict[bytes, ChunkInfo]) -> None:
-        """Replace the whole chunk table, as a snapshot holds it."""
+        """Replace the whole chunk table, as a snapshot holds it (before index_features)."""
         self.chunks = table
         self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
-        self.similar.clear()
-        self.bases.clear()
-        for chunk_id, info in table.items():
-            self._index(chunk_id, info)
+        self.bases = {info.base for info in table.values() if info.base}
+
+    def index_features(self, limit: int = DEFAULT_LIMIT) -> None:
+        """Keep, from now on, the index a writer looks up the chunk to store a new one as a
+        difference from, beginning with the table's newest rows that fit in it.
+
+        Only a writer stores chunks: a read-only mount and compaction's throwaway states
+        never build the index. Built from the whole table, it cost 0.43 s of CPU for
+        200,000 chunks of 1 MiB, most of whose features the bound then dropped, and it
+        holds up to about 40 MiB.
+        """
+        index = FeatureIndex(limit)
+        rows = reversed(self.chunks.items())
+        index.fill((info.features, info.base or cid) for cid, info in rows if info.features)
+        self.similar = index
 
     def _index(self, chunk_id: bytes, info: ChunkInfo) -> None:
-        if info.features:
+        if info.features and self.similar is not None:
             self.similar.add(info.features, info.base or chunk_id)
         if info.base:
             self.bases.add(info.base)
@@ -134,7 +146,10 @@ class MetaState:
         """The chunks a chunk with these features may be stored as a difference from
         (FeatureIndex.roots), each a whole chunk of the table: a read of a difference
         takes its base and nothing more. Safe to call from a worker thread."""
-        rows = ((root, self.chunks.get(root)) for root in self.similar.roots(features))
+        index = self.similar
+        if index is None:
+            return []
+        rows = ((root, self.chunks.get(root)) for root in index.roots(features))
         return [root for root, row in rows if row is not None and not row.base]
 
     def note_ino(self, ino: int) -> None:

@@ -14,8 +14,9 @@ stored (40-80 GiB of data) is then stored whole, as it was before differences.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
-from sealfs.chunking.similarity import split_features
+from sealfs.chunking.similarity import FEATURE_SIZE, split_features
 
 # Features that must name a chunk before a new chunk is compressed against it.
 MIN_VOTES = 2
@@ -33,9 +34,10 @@ class FeatureIndex:
     tried), never a chunk that is not in the table.
     """
 
-    __slots__ = ("_half", "_newer", "_older")
+    __slots__ = ("_half", "_newer", "_older", "limit")
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
         self._half = max(1, limit // 2)
         self._newer: dict[bytes, bytes] = {}
         self._older: dict[bytes, bytes] = {}
@@ -47,9 +49,27 @@ class FeatureIndex:
         if len(self._newer) >= self._half:
             self._older, self._newer = self._newer, {}
 
-    def clear(self) -> None:
-        """Forget every feature (a snapshot's table replaces the chunk table)."""
-        self._newer, self._older = {}, {}
+    def fill(self, newest_first: Iterable[tuple[bytes, bytes]]) -> None:
+        """Index (features, root) pairs, given newest first, into an empty index, as many
+        as the bound holds: the newest, fewer than half the bound, in the newer half (as
+        add leaves it), the ones before them in the older. It takes no more pairs than it
+        keeps, so a writer's mount reads only the end of a long chunk table.
+        """
+        newer: list[tuple[bytes, bytes]] = []
+        older: list[tuple[bytes, bytes]] = []
+        held = 0
+        for features, root in newest_first:
+            held += len(features) // FEATURE_SIZE
+            if not older and held < self._half:
+                newer.append((features, root))
+            elif held <= self.limit or not (older or newer):
+                older.append((features, root))
+            else:
+                break
+        for half, rows in ((self._older, older), (self._newer, newer)):
+            for features, root in reversed(rows):
+                for feature in split_features(features):
+                    half[feature] = root
 
     def roots(self, features: bytes) -> list[bytes]:
         """The chunks a chunk with these features may be stored as a difference from: at

@@ -170,6 +170,7 @@ def test_chunk_rows_keep_their_features_and_base_through_log_and_snapshot() -> N
     back = decode_snapshot(RING, VOLUME_ID, 1, encode_snapshot(KEYS, VOLUME_ID, state))
     assert back.chunks == state.chunks
     assert back.chunks[delta] == ChunkInfo(1 << 20, 900, b"g" * 8 + b"h" * 8, whole)
+    back.index_features()
     # a difference is never taken from a difference: delta's features name whole
     assert back.similar_roots(b"h" * 8 + b"f" * 8) == [whole]
     assert back.similar_roots(b"g" * 8 + b"h" * 8 + b"x" * 8) == [whole]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from sealfs.chunking.similarity import FEATURE_SIZE
 from sealfs.meta.model import ChunkInfo, MetaState
 from sealfs.meta.similar import FeatureIndex
@@ -36,29 +40,79 @@ def test_the_index_keeps_the_newest_features_only() -> None:
 
 
 def test_a_snapshot_loaded_indexes_its_newest_rows() -> None:
-    """set_chunks (a snapshot's table) indexes rows in table order: the last are kept,
+    """A writer's index begins with the table's rows in table order: the last are kept,
     and a difference's features name its base."""
     table = {b"%032d" % n: ChunkInfo(1 << 20, 1000, features(f"{n}a", f"{n}b")) for n in range(5)}
     table[b"delta".ljust(32)] = ChunkInfo(1 << 20, 10, features("4a", "4b", "x"), b"%032d" % 4)
     state = MetaState()
     state.set_chunks(table)
+    state.index_features()
+    assert state.similar is not None
     assert len(state.similar) == 11  # the delta's 4a and 4b replaced chunk 4's
     assert state.similar_roots(features("4a", "x")) == [b"%032d" % 4]
     assert state.similar_roots(features("0a", "0b")) == [b"%032d" % 0]
-    state.similar = FeatureIndex(limit=4)  # a chunk's features, then the next chunk's
-    state.set_chunks(table)
+    state.index_features(limit=4)  # a chunk's features, then the next chunk's
     assert state.similar_roots(features("0a", "0b")) == []
     assert state.similar_roots(features("4a", "x")) == [b"%032d" % 4]
+
+
+def test_a_state_that_stores_no_chunk_keeps_no_features() -> None:
+    """A read-only mount's state and compaction's throwaway ones never look a chunk up:
+    they keep the bases (in use through their differences) but no features."""
+    state, base = MetaState(), b"B" * 32
+    state.set_chunks({b"A" * 32: ChunkInfo(1 << 20, 1000, features("a", "b"))})
+    state.put_chunk(b"D" * 32, ChunkInfo(1 << 20, 10, features("c", "d"), base))
+    assert state.similar is None
+    assert state.similar_roots(features("a", "b")) == []
+    assert state.is_base(base)
+    state.index_features()
+    assert state.similar_roots(features("a", "b")) == [b"A" * 32]
+    assert state.similar_roots(features("c", "d")) == [] == state.similar_roots(b"")
+
+
+@pytest.mark.parametrize("limit", [2, 16, 64, 65])
+def test_a_writers_index_begins_with_as_many_of_the_newest_rows_as_the_bound_holds(
+    limit: int,
+) -> None:
+    """Rows of two to nine features (one shared by some), and rows of none: the rows the
+    index names are the table's last ones, as many as fit under the bound (one at
+    least), and a chunk added after is found as with an index fed every row."""
+    rng = random.Random(limit)
+    table = {}
+    for n in range(60):
+        names = [f"{n}-{k}" for k in range(rng.choice([0, 2, 5, 8]))]
+        names += ["shared"] * (bool(names) and n % 3 == 0)
+        table[b"%032d" % n] = ChunkInfo(1 << 20, 1000, features(*names))
+    state = MetaState()
+    state.set_chunks(table)
+    state.index_features(limit)
+    assert state.similar is not None and len(state.similar) <= max(limit, 9)
+    rows = [(cid, info.features) for cid, info in table.items() if info.features]
+    named = [cid for cid, row in rows if state.similar_roots(row[:16]) == [cid]]
+    first = len(rows) - len(named)
+    assert named == [cid for cid, _ in rows[first:]]  # the newest ones, every one
+    counts = [len(row) // 8 for _, row in rows]
+    assert sum(counts[first:]) <= limit or len(named) == 1
+    assert sum(counts[first - 1 :]) > limit  # no room for the row before them
+    fed = FeatureIndex(limit)
+    for cid, row in rows:
+        fed.add(row, cid)
+    new_row = features(*(f"new-{k}" for k in range(8)))
+    state.put_chunk(b"N" * 32, ChunkInfo(1 << 20, 1000, new_row))
+    fed.add(new_row, b"N" * 32)
+    assert state.similar_roots(new_row) == fed.roots(new_row) == [b"N" * 32]
 
 
 def test_only_whole_chunks_of_the_table_are_offered() -> None:
     """A read of a difference takes its base and nothing more: a root whose row has a
     base (or no row) is never offered, whatever the index still says of it."""
     state, chunk = MetaState(), b"B" * 32
+    state.index_features()
     state.put_chunk(chunk, ChunkInfo(1 << 20, 1000, features("a", "b")))
     assert state.similar_roots(features("a", "b")) == [chunk]
     state.put_chunk(chunk, ChunkInfo(1 << 20, 10, b"", b"X" * 32))  # its row has a base now
     assert state.similar_roots(features("a", "b")) == []
+    assert state.similar is not None
     state.similar.add(features("c", "d"), b"N" * 32)  # no row
     assert state.similar_roots(features("c", "d")) == []
 

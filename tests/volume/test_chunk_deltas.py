@@ -180,6 +180,29 @@ async def test_a_base_no_file_uses_is_in_use_through_its_differences(
         assert not volume._chunk_in_use(base)
 
 
+async def test_only_a_writer_keeps_an_index_of_features(volume_store: MemoryStore) -> None:
+    """A read-only mount stores no chunk, so it builds no index (up to about 40 MiB) from
+    the table it loads or the rows it follows; the writer's next mount begins one from
+    the table and stores the next version as a difference at once."""
+    old = b"".join(records(8, 1200))
+    async with mounted(volume_store) as volume:
+        await base_and_difference(volume, old, old + b"appended")
+    async with mounted(volume_store, read_only=True) as reader:
+        assert reader.meta.similar is None
+        assert await read_file(reader, b"new") == old + b"appended"
+        async with mounted(volume_store) as writer:
+            assert writer.meta.similar is not None and len(writer.meta.similar) > 0
+            await write_file(writer, b"next", old + b"appended twice")
+            await writer.fsync()
+            (base,) = file_chunks(writer, b"old")
+            (delta,) = file_chunks(writer, b"next")
+            assert writer.meta.chunks[delta].base == base
+        assert reader.follower is not None
+        await reader.follower.catch_up()
+        assert reader.meta.similar is None and delta in reader.meta.chunks
+        assert await read_file(reader, b"next") == old + b"appended twice"
+
+
 async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
     volume_store: MemoryStore,
 ) -> None:
