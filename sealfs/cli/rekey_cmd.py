@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             loaded.header = header
         check_writer(loaded, takeover=False)
         claim_writer(loaded)
-        volume = Volume(loaded, VolumeOptions())
+        # It re-seals chunks, and stores none new: no index to find similar ones.
+        volume = Volume(loaded, VolumeOptions(index_similar=False))
         with kept_current(seen, lambda: volume.commits.head):  # its commits, as a mount's
             progress = trio.run(_rekey_here, volume)
     print(

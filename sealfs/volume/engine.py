@@ -114,7 +114,7 @@ class Volume:
             # records a log may grow to between snapshots, more than the state of 10,000
             # files).
             loaded.tail.clear()
-        else:
+        elif options.index_similar:
             self.meta.index_features()
         self.commits = Committer(loaded, self.files, self._limiter, options.commit_interval)
         self.read_only = options.read_only

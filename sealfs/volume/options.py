@@ -16,3 +16,6 @@ class VolumeOptions:
     max_buffered: int = 64 << 20  # buffered bytes at which writers wait
     max_dirty_files: int = 2048  # files with unsealed bytes at which writers wait
     max_pending_records: int = 64 << 20  # bytes of records awaiting a commit at which changes wait
+    # Keep the index that finds a similar chunk to store a new one as a difference from
+    # (tens of MiB for a large volume): only a writer of new file data needs it.
+    index_similar: bool = True

@@ -221,6 +221,31 @@ async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
         assert await read_file(volume, b"new") == new
 
 
+async def test_a_writer_without_the_index_rekeys_differences_and_stores_new_chunks_whole(
+    volume_store: MemoryStore,
+) -> None:
+    """What `sealfs rekey` opens when no daemon holds the volume: it re-seals every
+    difference in place and writes no file data, so it keeps no index of features."""
+    old = b"".join(records(7, 1200))
+    new = old[:9000] + old[9100:]
+    async with mounted(volume_store) as volume:
+        _, delta = await base_and_difference(volume, old, new)
+    start_rekey(volume_store)
+    async with mounted(volume_store, index_similar=False) as volume:
+        assert volume.meta.similar is None
+        assert volume.rekey is not None
+        await volume.rekey.done.wait()
+        await write_file(volume, b"later", new + b"appended")
+        await volume.fsync()
+        (later,) = file_chunks(volume, b"later")
+        assert volume.meta.chunks[later].base == b""
+    check_rekeyed(volume_store, 1)
+    assert flags_of(volume_store, delta) == FLAG_DELTA
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"new") == new
+        assert await read_file(volume, b"later") == new + b"appended"
+
+
 async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
     volume_store: MemoryStore,
 ) -> None:
