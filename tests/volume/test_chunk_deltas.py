@@ -9,6 +9,7 @@ import trio
 from sealfs.chunking.compress import compress_delta
 from sealfs.crypto.envelope import (
     FLAG_DELTA,
+    FLAG_ZSTD,
     ObjectKind,
     chunk_binding,
     read_envelope_epoch,
@@ -221,29 +222,39 @@ async def test_differences_are_resealed_by_a_rekey_and_read_after_it(
         assert await read_file(volume, b"new") == new
 
 
+@pytest.mark.parametrize("index_similar", [False, True])
 async def test_a_writer_without_the_index_rekeys_differences_and_stores_new_chunks_whole(
-    volume_store: MemoryStore,
+    volume_store: MemoryStore, index_similar: bool
 ) -> None:
     """What `sealfs rekey` opens when no daemon holds the volume: it re-seals every
-    difference in place and writes no file data, so it keeps no index of features."""
+    difference in place and writes no file data, so it keeps no index of features.
+    Data it did write would be stored whole, where a writer with the index (the
+    other case) stores a version like a chunk of the new epoch as a difference."""
     old = b"".join(records(7, 1200))
     new = old[:9000] + old[9100:]
     async with mounted(volume_store) as volume:
         _, delta = await base_and_difference(volume, old, new)
     start_rekey(volume_store)
-    async with mounted(volume_store, index_similar=False) as volume:
-        assert volume.meta.similar is None
+    async with mounted(volume_store, index_similar=index_similar) as volume:
+        assert (volume.meta.similar is None) is not index_similar
         assert volume.rekey is not None
         await volume.rekey.done.wait()
-        await write_file(volume, b"later", new + b"appended")
+        # Features are keyed per epoch: a base for the next version must be new too.
+        later, again = old + b"later", old + b"later again"
+        await write_file(volume, b"later", later)
         await volume.fsync()
-        (later,) = file_chunks(volume, b"later")
-        assert volume.meta.chunks[later].base == b""
+        await write_file(volume, b"again", again)
+        await volume.fsync()
+        (base,) = file_chunks(volume, b"later")
+        (version,) = file_chunks(volume, b"again")
+        assert volume.meta.chunks[version].base == (base if index_similar else b"")
     check_rekeyed(volume_store, 1)
     assert flags_of(volume_store, delta) == FLAG_DELTA
+    assert flags_of(volume_store, version) == (FLAG_DELTA if index_similar else FLAG_ZSTD)
     async with mounted(volume_store, chunk_cache_bytes=0) as volume:
         assert await read_file(volume, b"new") == new
-        assert await read_file(volume, b"later") == new + b"appended"
+        assert await read_file(volume, b"later") == later
+        assert await read_file(volume, b"again") == again
 
 
 async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
