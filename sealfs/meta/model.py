@@ -99,9 +99,20 @@ class MetaState:
     writer: WriterInfo | None = None
     next_ino: int = ROOT_INO + 1
 
-    def put_chunk(self, chunk_id: bytes, info: ChunkInfo) -> None:
-        """Record a chunk's sizes (a rekey re-seals a chunk in place: replace its row)."""
+    def put_chunk(self, chunk_id: bytes, info: ChunkInfo, *, keep_place: bool = False) -> None:
+        """Record a chunk's sizes and features. A chunk written again (whole, over a
+        damaged copy) replaces its row, which moves to the end: the table is in the
+        order rows were last put, and a writer's index begins from its end
+        (index_features), so the chunk repaired is offered as a base before the
+        differences put earlier that still name the damaged one.
+
+        keep_place: the engine's own records. Its index already takes the chunk as
+        the newest, and its worker threads look rows up (dedup, bases) while the
+        event loop puts them: a row taken out for a moment would mislead them.
+        """
         previous = self.chunks.get(chunk_id)
+        if previous is not None and not keep_place:
+            del self.chunks[chunk_id]
         self.chunks[chunk_id] = info
         self.chunks_stored_bytes += info.stored_size - (previous.stored_size if previous else 0)
         self._index(chunk_id, info)

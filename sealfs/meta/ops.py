@@ -166,9 +166,10 @@ def new_inode(fields: list[Any], body: ExtentMap | dict[bytes, int] | None = Non
 def apply(state: MetaState, op: Op, *, live: bool = False) -> None:
     """Apply one record to state. Raises FormatError if it is malformed or inconsistent.
 
-    live=True is the engine applying a DATA record it produced itself: the
-    inode's size is then already the logical size (which may include newer,
-    still-buffered writes) and must not be set back.
+    live=True is the engine applying a record it produced itself. A DATA
+    record's inode size is then already the logical size (which may include
+    newer, still-buffered writes) and must not be set back; a CHUNK record that
+    replaces a row keeps the row's place (MetaState.put_chunk).
     """
     check(op)
     _APPLY[op[0]](state, op, live)
@@ -241,7 +242,7 @@ def _apply_del_xattr(state: MetaState, op: Op, live: bool) -> None:
 
 
 def _apply_chunk(state: MetaState, op: Op, live: bool) -> None:
-    state.put_chunk(op[1], chunk_info(op[2:]))
+    state.put_chunk(op[1], chunk_info(op[2:]), keep_place=live)
 
 
 def _apply_writer(state: MetaState, op: Op, live: bool) -> None:

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from sealfs.chunking.similarity import FEATURE_SIZE
+from sealfs.meta import ops
 from sealfs.meta.model import ChunkInfo, MetaState
 from sealfs.meta.similar import FeatureIndex
 
@@ -104,6 +105,35 @@ def test_a_writers_index_begins_with_as_many_of_the_newest_rows_as_the_bound_hol
         assert len(state.similar) < limit + 8
         assert state.similar_roots(row) == [b"N%031d" % n]
     assert [cid for cid, row in rows if state.similar_roots(row[:16])] == []
+
+
+def test_a_chunk_put_again_is_the_newest_row_for_the_next_writers_index() -> None:
+    """A difference written again whole (its base was found damaged) comes after the
+    later differences from that base once its records are replayed, so the next
+    writer offers it, not the damaged base, as the base of the next version. The
+    engine's own record keeps the row in place: its index has the chunk newest."""
+    base, repaired, later = b"B" * 32, b"R" * 32, b"L" * 32
+    shared = features("a", "b", "c")
+    records = [
+        ops.chunk(base, ChunkInfo(1 << 20, 1000, shared)),
+        ops.chunk(repaired, ChunkInfo(1 << 20, 10, shared, base)),
+        ops.chunk(later, ChunkInfo(1 << 20, 10, shared, base)),
+        ops.chunk(repaired, ChunkInfo(1 << 20, 1000, shared)),
+    ]
+    replayed = MetaState()
+    for op in records:
+        ops.apply(replayed, op)
+    assert list(replayed.chunks) == [base, later, repaired]
+    assert replayed.chunks_stored_bytes == 2010
+    replayed.index_features()
+    assert replayed.similar_roots(shared) == [repaired]
+    live = MetaState()
+    live.index_features()
+    for op in records:
+        ops.apply(live, op, live=True)
+    assert list(live.chunks) == [base, repaired, later]
+    assert live.chunks_stored_bytes == 2010
+    assert live.similar_roots(shared) == [repaired]
 
 
 def test_only_whole_chunks_of_the_table_are_offered() -> None:
