@@ -118,10 +118,14 @@ class MetaState:
         self._index(chunk_id, info)
 
     def set_chunks(self, table: dict[bytes, ChunkInfo]) -> None:
-        """Replace the whole chunk table, as a snapshot holds it (before index_features)."""
+        """Replace the whole chunk table, as a snapshot holds it. An index of features
+        kept already begins again from the new table: left as it was, it would offer
+        the old table's chunks."""
         self.chunks = table
         self.chunks_stored_bytes = sum(info.stored_size for info in table.values())
         self.bases = {info.base for info in table.values() if info.base}
+        if self.similar is not None:
+            self.index_features(self.similar.limit)
 
     def index_features(self, limit: int = DEFAULT_LIMIT) -> None:
         """Keep, from now on, the index a writer looks up the chunk to store a new one as a

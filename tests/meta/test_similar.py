@@ -136,6 +136,19 @@ def test_a_chunk_put_again_is_the_newest_row_for_the_next_writers_index() -> Non
     assert live.similar_roots(shared) == [repaired]
 
 
+def test_a_table_set_after_the_index_began_is_indexed_instead() -> None:
+    """The index of a state whose whole table is replaced names the new table's chunks,
+    with the same bound, and none of the old one's."""
+    state, old, new = MetaState(), b"O" * 32, b"N" * 32
+    state.set_chunks({old: ChunkInfo(1 << 20, 1000, features("a", "b"))})
+    state.index_features(limit=16)
+    assert state.similar_roots(features("a", "b")) == [old]
+    state.set_chunks({new: ChunkInfo(1 << 20, 1000, features("c", "d"))})
+    assert state.similar is not None and state.similar.limit == 16
+    assert state.similar_roots(features("c", "d")) == [new]
+    assert len(state.similar) == 2
+
+
 def test_only_whole_chunks_of_the_table_are_offered() -> None:
     """A read of a difference takes its base and nothing more: a root whose row has a
     base (or no row) is never offered, whatever the index still says of it."""
