@@ -2,8 +2,8 @@
 
 Sealing (HMAC id, zstd, AES-GCM) and store I/O run in worker threads, bounded
 by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
-through a decrypted-chunk LRU, and concurrent reads of one chunk share a
-single fetch.
+through a decrypted-chunk LRU, and concurrent reads of one chunk (or of one
+base) share a single fetch.
 
 A new chunk that shares pieces of its ends with a chunk already stored (two of its
 similarity features, sealfs.chunking.similarity) is stored as a difference from it where
@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -227,6 +229,9 @@ class Chunks:
         self._unusable: set[bytes] = set()
         # Chunks whose fetch gave up on the store just now: (when, why), by trio's clock.
         self._gave_up: dict[bytes, tuple[float, StoreUnavailableError]] = {}
+        # Bases being fetched by a worker thread, which the others needing one wait for.
+        self._base_fetches: dict[bytes, Future[bytes]] = {}
+        self._base_fetches_lock = threading.Lock()
         self.uploaded_bytes = 0
 
     def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -536,7 +541,33 @@ class Chunks:
 
     def _get_base(self, chunk_id: bytes) -> bytes:
         """Worker thread: the plaintext of a chunk another is a difference from, which
-        must be stored whole (a base is never itself a difference)."""
+        must be stored whole (a base is never itself a difference).
+
+        Threads that need one base at once share one fetch of it, its failure too: two
+        versions of a region read side by side are differences from the same base,
+        which read() single-flights only by the chunk asked for, so each fetched the
+        base (one GET each on S3, of up to MAX_CHUNK).
+        """
+        with self._base_fetches_lock:
+            fetch = self._base_fetches.get(chunk_id)
+            fetching = fetch is None
+            if fetch is None:
+                fetch = self._base_fetches[chunk_id] = Future()
+        if not fetching:
+            return fetch.result()  # bounded: the fetching thread's store calls time out
+        try:
+            base = self._fetch_base(chunk_id)
+        except BaseException as exc:
+            fetch.set_exception(exc)
+            raise
+        else:
+            fetch.set_result(base)
+            return base
+        finally:
+            with self._base_fetches_lock:
+                del self._base_fetches[chunk_id]
+
+    def _fetch_base(self, chunk_id: bytes) -> bytes:
         opened = self._get_opened(chunk_id)
         if isinstance(opened, _Delta):
             raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")

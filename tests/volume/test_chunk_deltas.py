@@ -1,6 +1,7 @@
 """Chunks stored as a difference from a similar chunk (sealfs.volume.chunks)."""
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -455,6 +456,69 @@ async def test_the_next_checkpoint_compresses_against_the_bases_its_read_fetched
         await volume.fsync()
         assert volume.meta.chunks[file_chunks(volume, b"next")[0]].base == base
         assert chunk_name(base) not in store.got
+
+
+class HeldBaseStore(GetLogStore):
+    """Holds each read of one object (held) until all of others have been asked for, so
+    that reads begun side by side meet while one of them fetches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = ""
+        self.others: set[str] = set()
+
+    def get(self, name: str, max_size: int | None = None) -> bytes:
+        if name == self.held:
+            deadline = time.monotonic() + 5  # else the test fails below, not hangs
+            while not self.others <= set(self.got) and time.monotonic() < deadline:
+                time.sleep(0.002)
+        return super().get(name, max_size)
+
+
+@pytest.mark.parametrize("damage", ["none", "missing"])
+async def test_two_differences_read_side_by_side_fetch_their_base_once(
+    kdf_params: Argon2Params, damage: str
+) -> None:
+    """Two versions of a checkpoint read at once are two differences from one base: the
+    second read waits for the first one's fetch of it, or fails with it."""
+    store = HeldBaseStore()
+    create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
+    v1 = b"".join(records(12, 1200))
+    v2 = v1[:1000] + b"changed" + v1[1000:]
+    v3 = v1[:70_000] + b"changed later" + v1[70_000:]
+    async with mounted(store) as volume:
+        base, delta2 = await base_and_difference(volume, v1, v2)
+        await write_file(volume, b"v3", v3)
+        await volume.fsync()
+        (delta3,) = file_chunks(volume, b"v3")
+        assert volume.meta.chunks[delta3].base == base
+    store.held = chunk_name(base)
+    store.others = {chunk_name(delta2), chunk_name(delta3)}
+    if damage == "missing":
+        store.delete(chunk_name(base))
+    outcomes: dict[bytes, bytes | Exception] = {}
+
+    async def read(name: bytes) -> None:
+        try:
+            outcomes[name] = await read_file(volume, name)
+        except ObjectNotFoundError as exc:
+            outcomes[name] = exc
+
+    async with mounted(store) as volume:
+        store.got.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, b"new")
+            nursery.start_soon(read, b"v3")
+        assert store.others <= set(store.got)  # both differences were fetched, then:
+        assert store.got.count(chunk_name(base)) == 1
+        if damage == "none":
+            assert outcomes == {b"new": v2, b"v3": v3}
+        else:
+            for name, delta in ((b"new", delta2), (b"v3", delta3)):
+                error = outcomes[name]
+                assert isinstance(error, ObjectNotFoundError)
+                assert f"{chunk_name(delta)}, stored as a difference" in str(error)
+                assert chunk_name(base) in str(error)
 
 
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
