@@ -2,8 +2,8 @@
 
 Sealing (HMAC id, zstd, AES-GCM) and store I/O run in worker threads, bounded
 by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
-through a decrypted-chunk LRU, and concurrent reads of one chunk (or of one
-base) share a single fetch.
+through a decrypted-chunk LRU, and concurrent reads of one chunk (as a base
+too) share a single fetch.
 
 A new chunk that shares pieces of its ends with a chunk already stored (two of its
 similarity features, sealfs.chunking.similarity) is stored as a difference from it where
@@ -229,9 +229,9 @@ class Chunks:
         self._unusable: set[bytes] = set()
         # Chunks whose fetch gave up on the store just now: (when, why), by trio's clock.
         self._gave_up: dict[bytes, tuple[float, StoreUnavailableError]] = {}
-        # Bases being fetched by a worker thread, which the others needing one wait for.
-        self._base_fetches: dict[bytes, Future[bytes]] = {}
-        self._base_fetches_lock = threading.Lock()
+        # Chunks being fetched by a worker thread, which others needing one wait for.
+        self._fetches: dict[bytes, Future[bytes | _Delta]] = {}
+        self._fetches_lock = threading.Lock()
         self.uploaded_bytes = 0
 
     def _seal_and_put(self, plaintext: bytes | memoryview, known: Container[bytes]) -> StoredChunk:
@@ -521,7 +521,7 @@ class Chunks:
         """
         discard: Callable[[str], None] | None = getattr(self._store, "discard", None)
         while True:
-            opened = self._get_opened(chunk_id)
+            opened = self._get_shared(chunk_id)
             if not isinstance(opened, _Delta):
                 return opened, None
             try:
@@ -541,37 +541,37 @@ class Chunks:
 
     def _get_base(self, chunk_id: bytes) -> bytes:
         """Worker thread: the plaintext of a chunk another is a difference from, which
-        must be stored whole (a base is never itself a difference).
+        must be stored whole (a base is never itself a difference)."""
+        opened = self._get_shared(chunk_id)
+        if isinstance(opened, _Delta):
+            raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")
+        return opened
 
-        Threads that need one base at once share one fetch of it, its failure too: two
-        versions of a region read side by side are differences from the same base,
-        which read() single-flights only by the chunk asked for, so each fetched the
-        base (one GET each on S3, of up to MAX_CHUNK).
+    def _get_shared(self, chunk_id: bytes) -> bytes | _Delta:
+        """Worker thread: _get_opened, with threads that need one chunk at once sharing
+        one fetch of it, its failure too. read() shares the fetch of the chunk asked
+        for, but bases are fetched inside its threads: two versions of a region read
+        side by side are differences from one base, and each fetched it (one GET each
+        on S3, of up to MAX_CHUNK), as did the read of the base's own file beside them.
         """
-        with self._base_fetches_lock:
-            fetch = self._base_fetches.get(chunk_id)
+        with self._fetches_lock:
+            fetch = self._fetches.get(chunk_id)
             fetching = fetch is None
             if fetch is None:
-                fetch = self._base_fetches[chunk_id] = Future()
+                fetch = self._fetches[chunk_id] = Future()
         if not fetching:
             return fetch.result()  # bounded: the fetching thread's store calls time out
         try:
-            base = self._fetch_base(chunk_id)
+            opened = self._get_opened(chunk_id)
         except BaseException as exc:
             fetch.set_exception(exc)
             raise
         else:
-            fetch.set_result(base)
-            return base
+            fetch.set_result(opened)
+            return opened
         finally:
-            with self._base_fetches_lock:
-                del self._base_fetches[chunk_id]
-
-    def _fetch_base(self, chunk_id: bytes) -> bytes:
-        opened = self._get_opened(chunk_id)
-        if isinstance(opened, _Delta):
-            raise FormatError(f"chunk {chunk_name(chunk_id)} is itself stored as a difference")
-        return opened
+            with self._fetches_lock:
+                del self._fetches[chunk_id]
 
     def _get_opened(self, chunk_id: bytes) -> bytes | _Delta:
         name = chunk_name(chunk_id)

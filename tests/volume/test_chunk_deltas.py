@@ -476,11 +476,11 @@ class HeldBaseStore(GetLogStore):
 
 
 @pytest.mark.parametrize("damage", ["none", "missing"])
-async def test_two_differences_read_side_by_side_fetch_their_base_once(
+async def test_versions_read_side_by_side_fetch_their_base_once(
     kdf_params: Argon2Params, damage: str
 ) -> None:
-    """Two versions of a checkpoint read at once are two differences from one base: the
-    second read waits for the first one's fetch of it, or fails with it."""
+    """Three versions of a checkpoint read at once are a base and two differences from
+    it: the reads wait for the first one's fetch of the base, or fail with it."""
     store = HeldBaseStore()
     create_volume(store, PASSPHRASE, kdf_params, RECOVERY_KEY)
     v1 = b"".join(records(12, 1200))
@@ -509,16 +509,18 @@ async def test_two_differences_read_side_by_side_fetch_their_base_once(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read, b"new")
             nursery.start_soon(read, b"v3")
+            nursery.start_soon(read, b"old")
         assert store.others <= set(store.got)  # both differences were fetched, then:
         assert store.got.count(chunk_name(base)) == 1
         if damage == "none":
-            assert outcomes == {b"new": v2, b"v3": v3}
+            assert outcomes == {b"new": v2, b"v3": v3, b"old": v1}
         else:
             for name, delta in ((b"new", delta2), (b"v3", delta3)):
                 error = outcomes[name]
                 assert isinstance(error, ObjectNotFoundError)
                 assert f"{chunk_name(delta)}, stored as a difference" in str(error)
                 assert chunk_name(base) in str(error)
+            assert isinstance(outcomes[b"old"], ObjectNotFoundError)
 
 
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
