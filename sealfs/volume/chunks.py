@@ -555,12 +555,11 @@ class Chunks:
         on S3, of up to MAX_CHUNK), as did the read of the base's own file beside them.
         """
         with self._fetches_lock:
-            fetch = self._fetches.get(chunk_id)
-            fetching = fetch is None
-            if fetch is None:
-                fetch = self._fetches[chunk_id] = Future()
-        if not fetching:
-            return fetch.result()  # bounded: the fetching thread's store calls time out
+            ongoing = self._fetches.get(chunk_id)
+            if ongoing is None:
+                fetch = self._fetches[chunk_id] = Future[bytes | _Delta]()
+        if ongoing is not None:
+            return ongoing.result()  # bounded: the fetching thread's store calls time out
         try:
             opened = self._get_opened(chunk_id)
         except BaseException as exc:

@@ -143,6 +143,17 @@ async def test_a_difference_is_kept_where_it_pays_and_a_mere_likeness_is_stored_
         assert await read_file(volume, b"other") == other
 
 
+async def three_versions(volume: Volume, v1: bytes, v2: bytes, v3: bytes) -> list[bytes]:
+    """Write v1, v2, v3 as files "old", "new" and "v3", the last two differences from
+    the first's chunk. Returns the ids of the base and the two differences."""
+    base, delta2 = await base_and_difference(volume, v1, v2)
+    await write_file(volume, b"v3", v3)
+    await volume.fsync()
+    (delta3,) = file_chunks(volume, b"v3")
+    assert volume.meta.chunks[delta3].base == base
+    return [base, delta2, delta3]
+
+
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
 async def test_a_difference_whose_base_is_damaged_fails_and_writing_it_again_repairs_it(
     volume_store: MemoryStore, damage: str
@@ -268,10 +279,7 @@ async def test_a_base_fetched_to_read_a_difference_is_cached_for_the_next(
     v2 = v1[:1000] + b"changed" + v1[1000:]
     v3 = v1[:70_000] + b"changed later" + v1[70_000:]
     async with mounted(volume_store) as volume:
-        base, _ = await base_and_difference(volume, v1, v2)
-        await write_file(volume, b"v3", v3)
-        await volume.fsync()
-        assert volume.meta.chunks[file_chunks(volume, b"v3")[0]].base == base
+        base, _, _ = await three_versions(volume, v1, v2, v3)
     async with mounted(volume_store) as volume:
         assert await read_file(volume, b"new") == v2
         volume_store.delete(chunk_name(base))
@@ -487,11 +495,7 @@ async def test_versions_read_side_by_side_fetch_their_base_once(
     v2 = v1[:1000] + b"changed" + v1[1000:]
     v3 = v1[:70_000] + b"changed later" + v1[70_000:]
     async with mounted(store) as volume:
-        base, delta2 = await base_and_difference(volume, v1, v2)
-        await write_file(volume, b"v3", v3)
-        await volume.fsync()
-        (delta3,) = file_chunks(volume, b"v3")
-        assert volume.meta.chunks[delta3].base == base
+        base, delta2, delta3 = await three_versions(volume, v1, v2, v3)
     store.held = chunk_name(base)
     store.others = {chunk_name(delta2), chunk_name(delta3)}
     if damage == "missing":
