@@ -1,3 +1,3 @@
 """sealfs: an encrypted filesystem whose store holds only sealed objects."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

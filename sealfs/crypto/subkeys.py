@@ -20,6 +20,7 @@ INFO_PREFIX = b"sealfs/v1/"
 
 LABEL_CHUNK = b"chunk-encryption"
 LABEL_CHUNK_ID = b"chunk-id"
+LABEL_CHUNK_ID_BLAKE3 = b"chunk-id-blake3"
 LABEL_METADATA = b"metadata"
 LABEL_HEADER_MAC = b"header-mac"
 LABEL_CHUNKER_SEED = b"chunker-seed"
@@ -34,7 +35,10 @@ class Subkeys:
     """The per-purpose keys of a volume. repr never shows them."""
 
     chunk_key: bytes = field(repr=False)
+    # Keys similarity features (HMAC-SHA256); named chunks before sealfs 0.2.0.
     chunk_id_key: bytes = field(repr=False)
+    # Keys chunk ids (BLAKE3): a key of its own, not the HMAC key used by another hash.
+    chunk_id_blake3_key: bytes = field(repr=False)
     meta_key: bytes = field(repr=False)
     header_mac_key: bytes = field(repr=False)
     # Secret too: knowing it lets the store predict chunk boundaries.
@@ -60,6 +64,7 @@ def derive_subkeys(master_key: bytes, volume_id: bytes) -> Subkeys:
     return Subkeys(
         chunk_key=_derive(master_key, volume_id, LABEL_CHUNK, SUBKEY_SIZE),
         chunk_id_key=_derive(master_key, volume_id, LABEL_CHUNK_ID, SUBKEY_SIZE),
+        chunk_id_blake3_key=_derive(master_key, volume_id, LABEL_CHUNK_ID_BLAKE3, SUBKEY_SIZE),
         meta_key=_derive(master_key, volume_id, LABEL_METADATA, SUBKEY_SIZE),
         header_mac_key=_derive(master_key, volume_id, LABEL_HEADER_MAC, SUBKEY_SIZE),
         chunker_seed=int.from_bytes(seed, "big") & CHUNKER_SEED_MASK,

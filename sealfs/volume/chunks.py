@@ -241,7 +241,7 @@ class Chunks:
         chunk with data of the old epoch (its ids were made with the old key).
         """
         with self._keys.sealing() as (epoch, keys):
-            cid = keyed_chunk_id(keys.chunk_id_key, plaintext)
+            cid = keyed_chunk_id(keys.chunk_id_blake3_key, plaintext)
             replace = cid in self._unusable
             # A difference whose base a read found damaged is as unreadable: deduplicated,
             # a restored file used it again (each version of a region is a difference

@@ -16,6 +16,7 @@ VOLUME_ID = bytes(range(16))
 GOLDEN = {
     "chunk_key": "f8e17ed1fc003d50370b4237caab8ac9b718f91ffa8f8b0c45f4ae2c08f13933",
     "chunk_id_key": "0ce47391acaa391773e33cb031f0629a5a01574948274b47c3969131aacec0fc",
+    "chunk_id_blake3_key": "ed0d77220cb5d674e3a9800560913c55721c099fb3edf4937d45166be5e0df9d",
     "meta_key": "691aaad112715774a2ccc25f3a2c016a3777bf8b65eaa911497af225af6934b8",
     "header_mac_key": "6ed3ca92963f48d23337837c6b2be0508961a601e7c36db2658bc43a5bd7e2c3",
 }
@@ -50,6 +51,7 @@ def test_golden_subkeys() -> None:
     [
         ("chunk_key", b"chunk-encryption"),
         ("chunk_id_key", b"chunk-id"),
+        ("chunk_id_blake3_key", b"chunk-id-blake3"),
         ("meta_key", b"metadata"),
         ("header_mac_key", b"header-mac"),
     ],
@@ -73,9 +75,10 @@ def test_seed_fits_pyfastcdc() -> None:
 def test_subkeys_are_distinct_and_volume_specific() -> None:
     a = derive_subkeys(MASTER_KEY, VOLUME_ID)
     b = derive_subkeys(MASTER_KEY, bytes(16))
-    keys_a = {a.chunk_key, a.chunk_id_key, a.meta_key, a.header_mac_key}
-    assert len(keys_a) == 4
-    assert keys_a.isdisjoint({b.chunk_key, b.chunk_id_key, b.meta_key, b.header_mac_key})
+    fields = ("chunk_key", "chunk_id_key", "chunk_id_blake3_key", "meta_key", "header_mac_key")
+    keys_a = {getattr(a, name) for name in fields}
+    assert len(keys_a) == len(fields)
+    assert keys_a.isdisjoint({getattr(b, name) for name in fields})
 
 
 def test_repr_hides_keys() -> None:

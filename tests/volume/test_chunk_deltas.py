@@ -32,25 +32,20 @@ from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from tests.checkpoints import edited, records
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, PowerCutStore, mounted
-from tests.volume.test_chunks import damage_object, read_file, write_file
+from tests.volume.test_chunks import (
+    chunk_bytes,
+    damage_object,
+    file_chunks,
+    read_file,
+    write_file,
+)
 from tests.volume.test_rekey import check_rekeyed, start_rekey
 
 MiB = 1 << 20
 
 
-def chunk_bytes(store: MemoryStore) -> int:
-    return sum(len(store.get(name)) for name in store.list("c/"))
-
-
 def flags_of(store: MemoryStore, chunk_id: bytes) -> int:
     return store.get(chunk_name(chunk_id))[5]
-
-
-def file_chunks(volume: Volume, name: bytes) -> list[bytes]:
-    ino = volume.meta.inodes[ROOT_INO].entries[name]  # type: ignore[index]
-    extents = volume.meta.inodes[ino].extents
-    assert extents is not None
-    return list(dict.fromkeys(extents.chunk_ids()))
 
 
 async def base_and_difference(volume: Volume, old: bytes, new: bytes) -> tuple[bytes, bytes]:

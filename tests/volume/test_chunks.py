@@ -1,14 +1,18 @@
+import hashlib
+import hmac
 import math
 import os
 from pathlib import Path
 
 import pytest
 
+from sealfs.crypto.ids import chunk_id
 from sealfs.errors import FormatError, IntegrityError, ObjectNotFoundError
 from sealfs.meta.model import ROOT_INO
 from sealfs.store.cache import CachingStore
 from sealfs.store.local import LocalStore
 from sealfs.store.memory import MemoryStore
+from sealfs.volume import chunks
 from sealfs.volume.chunks import (
     ENTRY_OVERHEAD,
     MAX_SEALED_CHUNK,
@@ -19,6 +23,7 @@ from sealfs.volume.chunks import (
 from sealfs.volume.engine import Volume
 from sealfs.volume.loader import create_volume
 from sealfs.volume.options import VolumeOptions
+from tests.checkpoints import records
 from tests.conftest import PASSPHRASE, RECOVERY_KEY, cheap_kdf, mounted
 
 
@@ -82,6 +87,58 @@ async def test_writing_a_damaged_file_s_bytes_again_repairs_it(
     async with mounted(volume_store) as volume:
         assert await read_file(volume, b"rewritten") == data
         assert await read_file(volume, b"damaged") == data  # the same chunk, whole again
+
+
+def hmac_named(key: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
+    """How sealfs before 0.2.0 named a chunk: HMAC-SHA256 (there under the chunk-id key;
+    here under the key it is given, as only the function matters to the names)."""
+    return hmac.new(key, plaintext, hashlib.sha256).digest()
+
+
+def chunk_bytes(store: MemoryStore) -> int:
+    return sum(len(store.get(name)) for name in store.list("c/"))
+
+
+async def test_chunks_an_older_writer_named_read_and_cost_little_to_write_again(
+    volume_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade from HMAC-SHA256 to BLAKE3 names: a reader never recomputes a name, so
+    old chunks read as they are. The same bytes written again get other names, but
+    their similarity features did not change, so each chunk large enough to have
+    features is stored as a difference from its old twin (a few bytes)."""
+    data = b"".join(records(11, 40_000))
+    with monkeypatch.context() as older:
+        older.setattr(chunks, "keyed_chunk_id", hmac_named)
+        async with mounted(volume_store) as volume:
+            await write_file(volume, b"old", data)
+            await volume.fsync()
+            old_ids = file_chunks(volume, b"old")
+    assert len(old_ids) >= 2
+    whole = chunk_bytes(volume_store)
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"old") == data
+        await write_file(volume, b"again", data)
+        await volume.fsync()
+        new_ids = file_chunks(volume, b"again")
+        key = volume.loaded.keys.current.chunk_id_blake3_key
+        start = 0
+        for cid in new_ids:
+            row = volume.meta.chunks[cid]
+            assert cid == chunk_id(key, data[start : start + row.plain_size])
+            assert cid not in old_ids
+            assert row.base in old_ids or row.plain_size < 64 * 1024
+            start += row.plain_size
+    assert chunk_bytes(volume_store) - whole < whole / 20, (chunk_bytes(volume_store), whole)
+    async with mounted(volume_store, chunk_cache_bytes=0) as volume:
+        assert await read_file(volume, b"old") == data
+        assert await read_file(volume, b"again") == data
+
+
+def file_chunks(volume: Volume, name: bytes) -> list[bytes]:
+    ino = volume.meta.inodes[ROOT_INO].entries[name]  # type: ignore[index]
+    extents = volume.meta.inodes[ino].extents
+    assert extents is not None
+    return list(dict.fromkeys(extents.chunk_ids()))
 
 
 async def write_file(volume: Volume, name: bytes, data: bytes) -> None:
