@@ -1,6 +1,6 @@
 """Chunks as the engine sees them: seal and upload new ones, fetch and open old ones.
 
-Sealing (HMAC id, zstd, AES-GCM) and store I/O run in worker threads, bounded
+Sealing (BLAKE3 id, zstd, AES-GCM) and store I/O run in worker threads, bounded
 by one CapacityLimiter, so the FUSE loop never blocks on them. Reads go
 through a decrypted-chunk LRU, and concurrent reads of one chunk (as a base
 too) share a single fetch.
